@@ -1,0 +1,42 @@
+"""sglang-hotfix-trtllm: SGLang PR #26521, applied to installed SGLang releases.
+
+Public API (each call is cheap to import: nothing here imports wrapt, torch or
+SGLang until it is needed):
+
+* ``apply()``  arm the import hook and patch the backend now if it is loaded.
+* ``remove()`` restore every patched method and disarm the hook.
+* ``assess()`` the verdict on the installed SGLang, without importing it.
+"""
+
+__version__ = "0.1.0"
+
+
+def apply():
+    """Arm the hotfix in this process; patch at once if SGLang's backend is loaded.
+
+    Idempotent: the method is wrapped at most once per class. Returns True when
+    the hook is armed (False when disabled by SGLANG_HOTFIX_TRTLLM_DISABLE).
+    """
+    import sglang_hotfix_trtllm_autoload
+
+    return sglang_hotfix_trtllm_autoload.install()
+
+
+def remove():
+    """Undo ``apply()``: put the original function objects back, disarm the hook.
+
+    Returns the number of methods restored.
+    """
+    import sglang_hotfix_trtllm_autoload
+
+    from . import engine
+
+    sglang_hotfix_trtllm_autoload.uninstall()
+    return engine.remove_all()
+
+
+def assess():
+    """Assessments of the installed SGLang for every hotfix, without importing it."""
+    from . import catalog, engine
+
+    return [engine.assess_installed(hotfix) for hotfix in catalog.HOTFIXES]

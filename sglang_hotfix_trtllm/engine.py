@@ -1,0 +1,284 @@
+"""The generic engine: find the source, decide a verdict, wrap or refuse,
+report, revert. It knows nothing about a particular bug; that is in the
+records of ``catalog``.
+
+Imports wrapt only when something is wrapped; never imports torch or SGLang
+itself (the target module is handed in by the import hook, already imported).
+Never raises into the host, except ``HotfixError`` in strict mode
+(``SGLANG_HOTFIX_TRTLLM_STRICT=1``), which the operator asked for.
+"""
+
+import ast
+import logging
+import os
+import threading
+import types
+import weakref
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+from . import catalog, source, switches
+from .logs import say
+from .record import Verdict
+
+UNINSTALL_HINT = "pip uninstall sglang-hotfix-trtllm"
+
+
+class HotfixError(ImportError):
+    """Raised in strict mode when the target is imported but cannot be patched.
+
+    An ImportError, so the import of SGLang's backend itself fails: the
+    process stops at the point where it would otherwise run unprotected.
+    """
+
+
+@dataclass(frozen=True)
+class Assessment:
+    hotfix_name: str
+    target: str
+    verdict: Verdict
+    reason: str
+    fingerprint: Optional[str]
+    source_path: Optional[str]
+    known_releases: Tuple[str, ...]
+    method_first_line: Optional[int] = None
+
+    def as_dict(self):
+        return {
+            "hotfix": self.hotfix_name,
+            "target": self.target,
+            "verdict": self.verdict.value,
+            "reason": self.reason,
+            "fingerprint": self.fingerprint,
+            "source_path": self.source_path,
+            "known_releases": list(self.known_releases),
+        }
+
+
+# --------------------------------------------------------------------------
+# Verdicts
+
+
+def assess_source(hotfix, path, text=None):
+    """Classify one source file of the hotfix's target module; never raises."""
+
+    def result(verdict, reason, fingerprint=None, first_line=None, releases=()):
+        return Assessment(hotfix.name, hotfix.target, verdict, reason, fingerprint, path, tuple(releases), first_line)
+
+    try:
+        if text is None:
+            text = source.read_text(path)
+        tree = ast.parse(text, filename=path)
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError) as error:
+        return result(Verdict.UNKNOWN, "cannot read %s as Python: %s: %s" % (path, type(error).__name__, error))
+    try:
+        classification = hotfix.classify(tree)
+    except Exception as error:  # a bug in a record must not take the host down
+        return result(Verdict.UNKNOWN, "classifier failed: %s: %s" % (type(error).__name__, error))
+    verdict, reason = classification.verdict, classification.reason
+    known = hotfix.known_fingerprints.get(classification.fingerprint)
+    releases = ()
+    if known is not None:
+        known_verdict, releases = known
+        if known_verdict != verdict:
+            # Both views come from this package: a disagreement means the data
+            # and the analysis drifted apart, and nothing is patched.
+            return result(
+                Verdict.UNKNOWN,
+                "fingerprint %s is listed as %s for %s but analysis says %s: %s"
+                % (classification.fingerprint, known_verdict, ", ".join(releases), verdict, reason),
+                classification.fingerprint,
+                classification.method_first_line,
+                releases,
+            )
+    return result(verdict, reason, classification.fingerprint, classification.method_first_line, releases)
+
+
+def assess_installed(hotfix):
+    """The verdict on the installed distribution, found without importing it."""
+    located = source.locate(hotfix.module)
+    if located.path is None:
+        if not located.package_found:
+            reason = "%s is not installed in this environment (%s)" % (hotfix.distribution, located.reason)
+        else:
+            reason = "this %s has no %s module (%s)" % (hotfix.distribution, hotfix.module, located.reason)
+        return Assessment(hotfix.name, hotfix.target, Verdict.NOT_APPLICABLE, reason, None, None, ())
+    return assess_source(hotfix, located.path)
+
+
+# --------------------------------------------------------------------------
+# Wrapping
+
+_lock = threading.RLock()
+# (weak ref to the patched class, hotfix, original function object)
+_patched = []
+
+
+def _hotfix_wrapper_type():
+    import wrapt
+
+    class HotfixWrapper(wrapt.FunctionWrapper):
+        """Marks a method wrapped by this package, so applying twice is a no-op."""
+
+    return HotfixWrapper
+
+
+_wrapper_type = None
+
+
+def _is_ours(attribute, hotfix):
+    return _wrapper_type is not None and isinstance(attribute, _wrapper_type) and attribute._self_hotfix_name == hotfix.name
+
+
+def _check_wrappable(hotfix, current, assessment):
+    """The function object about to be wrapped must be the code we analysed."""
+    code = getattr(current, "__code__", None)
+    if not isinstance(current, types.FunctionType) or code is None:
+        return "%s is a %s, not the function SGLang defines (replaced by someone else?)" % (hotfix.target, type(current).__name__)
+    if code.co_name != hotfix.method_name:
+        return "%s holds function %r (replaced by someone else?)" % (hotfix.target, code.co_name)
+    if assessment.source_path and os.path.basename(code.co_filename) != os.path.basename(assessment.source_path):
+        return "%s was compiled from %s, not from the analysed %s" % (hotfix.target, code.co_filename, assessment.source_path)
+    if assessment.method_first_line is not None and code.co_firstlineno != assessment.method_first_line:
+        return "%s starts at line %d in the running code but at line %d on disk (file changed since import?)" % (
+            hotfix.target, code.co_firstlineno, assessment.method_first_line)
+    return None
+
+
+def wrap(hotfix, module, assessment):
+    """Wrap the target method on its class. Returns "wrapped" or "already".
+
+    Raises on failure (the caller decides whether that stops the process).
+    """
+    global _wrapper_type
+    with _lock:
+        cls = getattr(module, hotfix.class_name)
+        current = cls.__dict__[hotfix.method_name]
+        if _is_ours(current, hotfix):
+            return "already"
+        problem = _check_wrappable(hotfix, current, assessment)
+        if problem:
+            raise RuntimeError(problem)
+        if _wrapper_type is None:
+            _wrapper_type = _hotfix_wrapper_type()
+        wrapper = _wrapper_type(current, hotfix.wrapper)
+        wrapper._self_hotfix_name = hotfix.name
+        setattr(cls, hotfix.method_name, wrapper)
+        _patched.append((weakref.ref(cls), hotfix, current))
+        return "wrapped"
+
+
+def remove_all():
+    """Put every original function object back; returns how many were restored."""
+    restored = 0
+    with _lock:
+        for cls_ref, hotfix, original in _patched:
+            cls = cls_ref()
+            if cls is None:
+                continue
+            if _is_ours(cls.__dict__.get(hotfix.method_name), hotfix):
+                setattr(cls, hotfix.method_name, original)
+                restored += 1
+            else:
+                say(logging.WARNING, "not restoring %s: it was replaced after the hotfix wrapped it", hotfix.target)
+        _patched.clear()
+    if restored:
+        say(logging.INFO, "removed: %d method(s) restored to SGLang's original", restored)
+    return restored
+
+
+def is_patched(hotfix, cls):
+    return _is_ours(cls.__dict__.get(hotfix.method_name), hotfix)
+
+
+# --------------------------------------------------------------------------
+# The import hook's entry point
+
+
+def _version_text(hotfix):
+    version = source.distribution(hotfix.distribution).version
+    return "%s %s" % (hotfix.distribution, version or "(version unknown: no distribution metadata)")
+
+
+def _refuse(hotfix, strict, message):
+    if strict:
+        raise HotfixError("sglang-hotfix-trtllm (strict mode, %s=1): %s" % (switches.STRICT, message))
+    say(logging.WARNING, "%s", message, once_key=("refused", hotfix.name))
+
+
+def handle(hotfix, module):
+    """Decide and act for one freshly imported target module. Returns the
+    outcome as a short word: patched, already, disabled, excluded, fixed,
+    not-applicable, refused."""
+    current = switches.read()
+    for problem in current.problems:
+        say(logging.WARNING, "%s", problem, once_key=("switch", problem))
+    if current.disabled:
+        return "disabled"
+    if current.excluded_by_sglang_plugins:
+        say(
+            logging.INFO,
+            "not patching %s: %s=%r does not name %s (SGLang's plugin allowlist); add it there to enable the hotfix",
+            hotfix.target, switches.SGLANG_PLUGINS, os.environ.get(switches.SGLANG_PLUGINS), switches.PLUGIN_NAME,
+            once_key=("excluded", hotfix.name),
+        )
+        return "excluded"
+
+    spec = getattr(module, "__spec__", None)
+    path = getattr(spec, "origin", None) or getattr(module, "__file__", None)
+    if not path or not path.endswith(".py"):
+        _refuse(hotfix, current.strict, "cannot patch %s: its module was not loaded from a .py source (%r); running unpatched" % (hotfix.target, path))
+        return "refused"
+    assessment = assess_source(hotfix, path)
+
+    if assessment.verdict is Verdict.FIXED:
+        say(
+            logging.INFO,
+            "not patching %s: upstream already has the fix (%s; %s). This package can be removed: %s",
+            hotfix.target, _version_text(hotfix), assessment.reason, UNINSTALL_HINT,
+            once_key=("fixed", hotfix.name),
+        )
+        return "fixed"
+    if assessment.verdict is Verdict.NOT_APPLICABLE:
+        return "not-applicable"
+    if assessment.verdict is Verdict.UNKNOWN:
+        _refuse(
+            hotfix, current.strict,
+            "not patching %s: code not recognised (%s, %s, fingerprint %s): %s. SGLang runs unpatched; "
+            "run `sglang-hotfix-trtllm status` for details" % (
+                hotfix.target, _version_text(hotfix), path, assessment.fingerprint, assessment.reason),
+        )
+        return "refused"
+
+    try:
+        outcome = wrap(hotfix, module, assessment)
+    except Exception as error:
+        _refuse(hotfix, current.strict, "could not patch %s (%s, %s): %s: %s; SGLang runs unpatched" % (
+            hotfix.target, _version_text(hotfix), path, type(error).__name__, error))
+        return "refused"
+    if outcome == "wrapped":
+        say(
+            logging.INFO,
+            "patched %s (%s, fingerprint %s): draft-decode CUDA-graph capture now fills cache_seqlens as %s does",
+            hotfix.target, _version_text(hotfix), assessment.fingerprint, hotfix.upstream,
+            once_key=("patched", hotfix.name),
+        )
+        return "patched"
+    return outcome
+
+
+def on_module_imported(module):
+    """Called by the import hook right after a watched module executed.
+
+    Never raises, except HotfixError in strict mode.
+    """
+    for hotfix in catalog.for_module(module.__name__):
+        try:
+            handle(hotfix, module)
+        except HotfixError:
+            raise
+        except Exception as error:  # a bug here must not take the host down
+            message = "internal error while handling %s: %s: %s; SGLang runs unpatched" % (hotfix.target, type(error).__name__, error)
+            if switches.read().strict:
+                raise HotfixError(message) from error
+            say(logging.WARNING, "%s", message)

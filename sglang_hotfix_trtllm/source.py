@@ -1,0 +1,102 @@
+"""Find and read an installed module's source without importing its package.
+
+Standard library only. ``importlib.util.find_spec("a.b.c")`` would import
+``a`` and ``a.b`` (for SGLang that is torch and more), so only the *top-level*
+package is looked up through ``sys.meta_path`` (which imports nothing and
+sees editable installs, whether they use a path entry or setuptools' editable
+finder), and the rest of the dotted path is resolved as files below the
+package's search locations. This is how SGLang's official images are covered:
+they install SGLang in editable mode from a source checkout.
+
+Does not cope with: packages served from zip files or by custom loaders that
+have no files on disk; those are reported as "source not found".
+"""
+
+import importlib.util
+import json
+import os
+import sys
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """What the package's distribution metadata says, for humans only."""
+
+    name: str
+    version: Optional[str]  # None when there is no distribution metadata
+    install_kind: str  # "wheel", "editable", or "unknown"
+
+
+@dataclass(frozen=True)
+class LocatedSource:
+    module: str
+    path: Optional[str]  # None when the module's file was not found
+    reason: str  # why path is None, or "" when found
+    package_found: bool
+
+
+def locate(module_name):
+    """Locate ``module_name``'s ``.py`` file without importing any of its packages.
+
+    If the module is already imported, its own ``__spec__.origin`` is used: that
+    is the file that actually ran.
+    """
+    loaded = sys.modules.get(module_name)
+    origin = getattr(getattr(loaded, "__spec__", None), "origin", None)
+    if origin and os.path.isfile(origin):
+        return LocatedSource(module_name, origin, "", True)
+
+    top, _, rest = module_name.partition(".")
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError) as error:
+        return LocatedSource(module_name, None, "cannot look up package %r: %s" % (top, error), False)
+    if spec is None:
+        return LocatedSource(module_name, None, "package %r is not installed" % top, False)
+    locations = list(spec.submodule_search_locations or [])
+    if not locations:
+        return LocatedSource(module_name, None, "%r is a module, not a package" % top, True)
+
+    relative = rest.replace(".", os.sep) + ".py"
+    for location in locations:
+        candidate = os.path.join(location, relative)
+        if os.path.isfile(candidate):
+            return LocatedSource(module_name, candidate, "", True)
+    return LocatedSource(
+        module_name,
+        None,
+        "%s not found under %s" % (relative, os.pathsep.join(locations)),
+        True,
+    )
+
+
+def read_text(path):
+    """Read a source file as Python does (PEP 263 encoding, BOM)."""
+    import tokenize
+
+    with tokenize.open(path) as handle:
+        return handle.read()
+
+
+def distribution(name):
+    """Version and install kind from the distribution metadata; never raises."""
+    try:
+        from importlib import metadata
+
+        dist = metadata.distribution(name)
+    except Exception:
+        return Distribution(name, None, "unknown")
+    try:
+        version = dist.version
+    except Exception:
+        version = None
+    kind = "wheel"
+    try:
+        direct_url = dist.read_text("direct_url.json")
+        if direct_url and json.loads(direct_url).get("dir_info", {}).get("editable"):
+            kind = "editable"
+    except Exception:
+        pass
+    return Distribution(name, version, kind)

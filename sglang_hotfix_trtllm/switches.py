@@ -1,0 +1,89 @@
+"""The environment variables the hotfix reads, parsed with clear complaints.
+
+Standard library only; reads the environment, never writes it, and never
+executes anything a variable names. The variables:
+
+* ``SGLANG_HOTFIX_TRTLLM_DISABLE``: on = do nothing at all.
+* ``SGLANG_HOTFIX_TRTLLM_STRICT``: on = when the target module is imported and
+  the hotfix cannot be applied (verdict ``unknown``, or wrapping fails), stop
+  the process with an error instead of running unprotected.
+* ``SGLANG_PLUGINS``: SGLang's own plugin allowlist (comma-separated
+  entry-point names). When set and it does not name ``sglang_hotfix_trtllm``,
+  the hotfix stands aside, as SGLang would for its entry point.
+
+A value outside the vocabulary yields a warning naming the variable and the
+accepted values, and is read as "off".
+"""
+
+import os
+from dataclasses import dataclass
+from typing import FrozenSet, Optional, Tuple
+
+DISABLE = "SGLANG_HOTFIX_TRTLLM_DISABLE"
+STRICT = "SGLANG_HOTFIX_TRTLLM_STRICT"
+SGLANG_PLUGINS = "SGLANG_PLUGINS"
+PLUGIN_NAME = "sglang_hotfix_trtllm"
+
+TRUE_VALUES = ("1", "true", "yes", "on")
+FALSE_VALUES = ("", "0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class Switches:
+    disabled: bool
+    strict: bool
+    # None: SGLANG_PLUGINS unset or empty (no allowlist); else the names it lists.
+    plugin_allowlist: Optional[FrozenSet[str]]
+    # One message per variable whose value was not understood.
+    problems: Tuple[str, ...]
+
+    @property
+    def excluded_by_sglang_plugins(self):
+        return self.plugin_allowlist is not None and PLUGIN_NAME not in self.plugin_allowlist
+
+    def as_dict(self):
+        return {
+            "disabled": self.disabled,
+            "strict": self.strict,
+            "sglang_plugins": None if self.plugin_allowlist is None else sorted(self.plugin_allowlist),
+            "excluded_by_sglang_plugins": self.excluded_by_sglang_plugins,
+        }
+
+
+def _flag(environ, variable, problems):
+    raw = environ.get(variable)
+    if raw is None:
+        return False
+    value = raw.strip().lower()
+    if value in TRUE_VALUES:
+        return True
+    if value not in FALSE_VALUES:
+        problems.append(
+            "%s=%r is not understood; accepted values are %s (on) or %s (off), "
+            "case-insensitive; reading it as off" % (variable, raw, "/".join(TRUE_VALUES), "/".join(v for v in FALSE_VALUES if v))
+        )
+    return False
+
+
+def _allowlist(environ, problems):
+    # Parsed exactly as sglang.srt.plugins does: an empty value means no
+    # allowlist; otherwise the comma-separated, stripped, non-empty names.
+    raw = environ.get(SGLANG_PLUGINS)
+    if not raw:
+        return None
+    names = frozenset(name.strip() for name in raw.split(",") if name.strip())
+    if not names:
+        problems.append(
+            "%s=%r names no plugin; SGLang then loads no plugins, and this hotfix stands aside too"
+            % (SGLANG_PLUGINS, raw)
+        )
+    return names
+
+
+def read(environ=None):
+    environ = os.environ if environ is None else environ
+    problems = []
+    disabled = _flag(environ, DISABLE, problems)
+    strict = _flag(environ, STRICT, problems)
+    allowlist = _allowlist(environ, problems)
+    return Switches(disabled, strict, allowlist, tuple(problems))
