@@ -183,7 +183,7 @@ def remove_all():
                 say(logging.WARNING, "not restoring %s: it was replaced after the hotfix wrapped it", hotfix.target)
         _patched.clear()
     if restored:
-        say(logging.INFO, "removed: %d method(s) restored to SGLang's original", restored)
+        say(logging.INFO, "removed: %d method(s) restored to SGLang's original", restored, once_key="removed")
     return restored
 
 

@@ -1,0 +1,115 @@
+"""Shared helpers. The tests run in the environment the README sets up: the
+plugin installed from its wheel, SGLang 0.5.12 installed with --no-deps.
+Everything that imports SGLang runs in a fresh subprocess (tests/support/
+scenarios.py), so the startup hook, not the test process, loads the plugin."""
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+HERE = pathlib.Path(__file__).resolve().parent
+SUPPORT = HERE / "support"
+REPO = HERE.parent
+sys.path.insert(0, str(SUPPORT))
+# `python -m pytest` puts the working directory first on sys.path; the tests
+# must exercise the installed wheel, never the source tree beside them.
+sys.path[:] = [p for p in sys.path if pathlib.Path(p or os.getcwd()).resolve() != REPO]
+
+OUR_VARIABLES = ("SGLANG_HOTFIX_TRTLLM_DISABLE", "SGLANG_HOTFIX_TRTLLM_STRICT", "SGLANG_PLUGINS")
+TARGET_RELATIVE = pathlib.Path("srt", "layers", "attention", "trtllm_mha_backend.py")
+
+
+def clean_env(**overrides):
+    env = {k: v for k, v in os.environ.items() if k not in OUR_VARIABLES and k != "PYTHONPATH"}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(overrides)
+    return env
+
+
+class Ran:
+    def __init__(self, completed):
+        self.returncode = completed.returncode
+        self.stdout = completed.stdout
+        self.stderr = completed.stderr
+        lines = [l for l in completed.stdout.splitlines() if l.startswith("RESULT:")]
+        self.result = json.loads(lines[-1][len("RESULT:"):]) if lines else None
+
+    def hotfix_lines(self):
+        return [l for l in self.stderr.splitlines() if "sglang-hotfix-trtllm" in l]
+
+    def __repr__(self):
+        return "rc=%s\nstdout:\n%s\nstderr:\n%s" % (self.returncode, self.stdout[-3000:], self.stderr[-3000:])
+
+
+def run_python(args, cwd, env=None, timeout=600):
+    completed = subprocess.run(
+        [sys.executable] + list(args), cwd=str(cwd), env=env or clean_env(),
+        capture_output=True, text=True, timeout=timeout,
+    )
+    return Ran(completed)
+
+
+@pytest.fixture
+def scenario(tmp_path):
+    """Run ``support/scenarios.py NAME ARGS`` in a fresh interpreter, outside the repo."""
+
+    def run(name, *args, env=None):
+        return run_python([str(SUPPORT / "scenarios.py"), name] + list(args), cwd=tmp_path, env=env)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def installed_backend_path():
+    spec = importlib.util.find_spec("sglang")
+    assert spec is not None, "SGLang is not installed: run the README's set-up command"
+    path = pathlib.Path(list(spec.submodule_search_locations)[0]) / TARGET_RELATIVE
+    assert path.is_file(), path
+    return path
+
+
+@pytest.fixture(scope="session")
+def installed_backend_source(installed_backend_path):
+    return installed_backend_path.read_text(encoding="utf-8")
+
+
+@pytest.fixture
+def overlay_dir(tmp_path):
+    """Write a variant of the backend module into a folder that a scenario puts
+    first on ``sglang.srt.layers.attention.__path__``."""
+
+    def write(text):
+        folder = tmp_path / "overlay"
+        folder.mkdir(exist_ok=True)
+        (folder / TARGET_RELATIVE.name).write_text(text, encoding="utf-8")
+        return str(folder)
+
+    return write
+
+
+CACHE = pathlib.Path(os.environ.get("SGLANG_HOTFIX_TEST_CACHE", REPO / ".cache"))
+
+
+@pytest.fixture(scope="session")
+def sglang_release():
+    """Install a published SGLang release (no dependencies) into a cached folder
+    for use on PYTHONPATH; returns that folder."""
+
+    def fetch(version):
+        target = CACHE / ("sglang-" + version)
+        marker = target / ".complete"
+        if not marker.exists():
+            subprocess.run(
+                [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
+                 "--target", str(target), "--upgrade", "sglang==" + version],
+                check=True, timeout=600,
+            )
+            marker.write_text(version)
+        return target
+
+    return fetch

@@ -1,0 +1,99 @@
+"""Drive SGLang's real capture method on CPU and record everything it touched.
+
+The backend object is a real ``TRTLLMHAAttnBackend`` created without its
+GPU-bound ``__init__``; its CUDA-graph buffers come from SGLang's own
+``init_cuda_graph_state``. Only plain attributes that ``__init__`` would set
+from a model runner are filled in by hand.
+"""
+
+import torch
+
+SPEC_INFO = object()  # the capture method only tests it against None
+
+MAX_BS = 8
+PAGE_SIZE = 16
+MAX_CONTEXT_LEN = 512
+NUM_DRAFT_TOKENS = 4
+
+
+def make_backend(cls, step_id):
+    backend = object.__new__(cls)
+    backend.max_context_len = MAX_CONTEXT_LEN
+    backend.page_size = PAGE_SIZE
+    backend.device = torch.device("cpu")
+    backend.speculative_step_id = step_id
+    backend.speculative_num_draft_tokens = NUM_DRAFT_TOKENS
+    backend.topk = 1
+    backend.use_sliding_window_kv_pool = False
+    backend._swa_kv_pool = None
+    backend.decode_cuda_graph_metadata = {}
+    backend.target_verify_metadata = {}
+    backend.draft_extend_metadata = {}
+    backend.forward_metadata = None
+    backend.init_cuda_graph_state(MAX_BS, MAX_BS * NUM_DRAFT_TOKENS)
+    return backend
+
+
+def branches(forward_mode_cls):
+    """(name, forward_mode, spec_info, tokens per request) for all four branches."""
+    return [
+        ("draft_decode", forward_mode_cls.DECODE, SPEC_INFO, 1),
+        ("normal_decode", forward_mode_cls.DECODE, None, 1),
+        ("idle_draft_decode", forward_mode_cls.IDLE, SPEC_INFO, 1),
+        ("target_verify", forward_mode_cls.TARGET_VERIFY, SPEC_INFO, NUM_DRAFT_TOKENS),
+        ("draft_extend", forward_mode_cls.DRAFT_EXTEND, SPEC_INFO, NUM_DRAFT_TOKENS),
+    ]
+
+
+def inputs(bs, seed):
+    generator = torch.Generator().manual_seed(seed)
+    seq_lens = torch.randint(1, MAX_CONTEXT_LEN // 2, (bs,), generator=generator, dtype=torch.int64)
+    req_pool_indices = torch.arange(bs, dtype=torch.int64)
+    return req_pool_indices, seq_lens
+
+
+def via_instance(backend, *args, **kwargs):
+    """The bound-method call SGLang makes (goes through the class attribute)."""
+    return backend.init_forward_metadata_capture_cuda_graph(*args, **kwargs)
+
+
+def call(method, backend, bs, tokens_per_req, req_pool_indices, seq_lens, forward_mode, spec_info, style):
+    """Call ``method(backend, ...)`` the way SGLang's callers do."""
+    num_tokens = bs * tokens_per_req
+    if style == "positional":
+        return method(backend, bs, num_tokens, req_pool_indices, seq_lens, None, forward_mode, spec_info)
+    # TRTLLMHAAttnMultiStepDraftBackend's style: first four positional, the rest by keyword.
+    return method(backend, bs, num_tokens, req_pool_indices, seq_lens,
+                  encoder_lens=None, forward_mode=forward_mode, spec_info=spec_info)
+
+
+def _value(value):
+    if isinstance(value, torch.Tensor):
+        return ("tensor", str(value.dtype), tuple(value.shape), value.detach().cpu().tolist())
+    if isinstance(value, (int, float, str, bool, type(None))):
+        return value
+    if hasattr(value, "__dict__"):
+        return {k: _value(v) for k, v in sorted(vars(value).items())}
+    return repr(value)
+
+
+def snapshot(backend):
+    """Every buffer and stored metadata the capture method can touch, as plain data."""
+    state = {"forward_metadata": _value(backend.forward_metadata)}
+    for name in ("decode_cuda_graph_metadata", "target_verify_metadata", "draft_extend_metadata"):
+        table = getattr(backend, name)
+        state[name] = {str(key): _value(value) for key, value in table.items()}
+    return state
+
+
+def differences(left, right, path=""):
+    """Paths at which two snapshots differ."""
+    if isinstance(left, dict) and isinstance(right, dict):
+        out = []
+        for key in sorted(set(left) | set(right)):
+            if key not in left or key not in right:
+                out.append("%s/%s missing on one side" % (path, key))
+            else:
+                out.extend(differences(left[key], right[key], "%s/%s" % (path, key)))
+        return out
+    return [] if left == right else [path]

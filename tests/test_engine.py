@@ -1,0 +1,79 @@
+"""Verdicts, switches and messages, on the real SGLang import path."""
+
+import variants
+from conftest import clean_env
+
+PATCHED, UNPATCHED = "HotfixWrapper", "function"
+
+
+def test_disable_switch_leaves_sglang_alone_and_silent(scenario):
+    ran = scenario("describe", env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE="1"))
+    assert ran.returncode == 0, ran
+    assert ran.result["attribute_type"] == UNPATCHED
+    assert ran.hotfix_lines() == []
+
+
+def test_sglang_plugins_allowlist_without_us_means_no_patch(scenario):
+    ran = scenario("describe", env=clean_env(SGLANG_PLUGINS="some_other_plugin"))
+    assert ran.result["attribute_type"] == UNPATCHED
+    lines = ran.hotfix_lines()
+    assert len(lines) == 1 and "INFO: not patching" in lines[0] and "SGLANG_PLUGINS" in lines[0]
+
+
+def test_sglang_plugins_allowlist_naming_us_patches(scenario):
+    ran = scenario("describe", env=clean_env(SGLANG_PLUGINS="some_other_plugin, sglang_hotfix_trtllm"))
+    assert ran.result["attribute_type"] == PATCHED
+
+
+def test_garbage_switch_values_warn_and_read_as_off(scenario):
+    ran = scenario("describe", env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE="maybe", SGLANG_HOTFIX_TRTLLM_STRICT="\x01!"))
+    assert ran.returncode == 0, ran
+    assert ran.result["attribute_type"] == PATCHED
+    warnings = [l for l in ran.hotfix_lines() if "WARNING" in l]
+    assert len(warnings) == 2
+    assert any("SGLANG_HOTFIX_TRTLLM_DISABLE='maybe' is not understood" in l for l in warnings)
+    assert all("accepted values are 1/true/yes/on" in l for l in warnings)
+
+
+def test_upstream_fixed_source_is_not_wrapped(scenario, overlay_dir, installed_backend_source):
+    folder = overlay_dir(variants.fixed_source_text(installed_backend_source))
+    ran = scenario("overlay", folder)
+    assert ran.returncode == 0, ran
+    assert ran.result["attribute_type"] == UNPATCHED
+    lines = ran.hotfix_lines()
+    assert len(lines) == 1 and "INFO: not patching" in lines[0]
+    assert "upstream already has the fix" in lines[0] and "pip uninstall sglang-hotfix-trtllm" in lines[0]
+
+
+def test_unknown_source_is_refused_with_a_warning(scenario, overlay_dir, installed_backend_source):
+    folder = overlay_dir(variants.with_extra_write(installed_backend_source))
+    ran = scenario("overlay", folder)
+    assert ran.returncode == 0, ran
+    assert ran.result["attribute_type"] == UNPATCHED
+    lines = ran.hotfix_lines()
+    assert len(lines) == 1 and "WARNING: not patching" in lines[0]
+    assert "code not recognised" in lines[0] and "fingerprint ast1:" in lines[0]
+
+
+def test_strict_mode_stops_the_process_on_unknown_source(scenario, overlay_dir, installed_backend_source):
+    folder = overlay_dir(variants.with_renamed_key(installed_backend_source))
+    ran = scenario("overlay", folder, env=clean_env(SGLANG_HOTFIX_TRTLLM_STRICT="1"))
+    assert ran.returncode != 0
+    assert "HotfixError" in ran.stderr and "strict mode" in ran.stderr and "code not recognised" in ran.stderr
+    assert ran.result == {"import_error": ran.result["import_error"]}
+
+
+def test_strict_mode_does_not_interfere_when_patching_works(scenario):
+    ran = scenario("describe", env=clean_env(SGLANG_HOTFIX_TRTLLM_STRICT="1"))
+    assert ran.returncode == 0 and ran.result["attribute_type"] == PATCHED
+
+
+def test_release_0_5_13_is_fixed_and_nothing_is_wrapped(scenario, sglang_release):
+    folder = sglang_release("0.5.13")
+    ran = scenario("describe", env=clean_env(PYTHONPATH=str(folder)))
+    assert ran.returncode == 0, ran
+    assert ran.result["module_file"].startswith(str(folder))
+    # 0.5.13 has no capture method at all, and nothing in the class is wrapped.
+    assert ran.result["attribute_type"] is None and ran.result["wrappers_in_class"] == []
+    lines = ran.hotfix_lines()
+    assert len(lines) == 1 and "upstream already has the fix" in lines[0] and "sglang 0.5.13" in lines[0]

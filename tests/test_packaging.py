@@ -1,0 +1,53 @@
+"""What the wheel carries and what installing it may change."""
+
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from conftest import REPO
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(REPO)],
+        check=True, timeout=300,
+    )
+    (path,) = out.glob("sglang_hotfix_trtllm-*.whl")
+    return zipfile.ZipFile(path)
+
+
+def _dist_file(wheel, name):
+    (member,) = [n for n in wheel.namelist() if n.endswith(".dist-info/" + name)]
+    return wheel.read(member).decode()
+
+
+def test_startup_files_sit_at_the_wheel_root_and_in_record(wheel):
+    names = wheel.namelist()
+    record = _dist_file(wheel, "RECORD")
+    for name in ("sglang_hotfix_trtllm.pth", "sglang_hotfix_trtllm.start", "sglang_hotfix_trtllm_autoload.py"):
+        assert name in names
+        assert any(line.startswith(name + ",") for line in record.splitlines())
+
+
+def test_requires_wrapt_and_never_sglang_or_torch(wheel):
+    metadata = _dist_file(wheel, "METADATA")
+    requires = [l.split(":", 1)[1].strip() for l in metadata.splitlines() if l.startswith("Requires-Dist:")]
+    assert [r.split(">")[0].split("=")[0].strip() for r in requires] == ["wrapt"]
+    assert "Requires-Python: >=3.10" in metadata
+
+
+def test_entry_points(wheel):
+    entry_points = _dist_file(wheel, "entry_points.txt")
+    assert "sglang_hotfix_trtllm = sglang_hotfix_trtllm.plugin:register" in entry_points
+    assert "sglang-hotfix-trtllm = sglang_hotfix_trtllm.cli:main" in entry_points
+
+
+def test_startup_files_installed_in_this_environment():
+    from importlib import metadata
+
+    files = {str(f) for f in metadata.distribution("sglang-hotfix-trtllm").files}
+    assert {"sglang_hotfix_trtllm.pth", "sglang_hotfix_trtllm.start"} <= files

@@ -1,0 +1,68 @@
+"""The wrapped method against upstream's own fix, on the real SGLang 0.5.12
+module, with real tensors on CPU. The oracle is the installed method with
+PR #26521's statement inserted (tests/support/upstream_fix.py)."""
+
+
+def test_import_patches_the_real_module(scenario):
+    ran = scenario("import_only")
+    assert ran.returncode == 0, ran
+    result = ran.result
+    assert result["attribute_type"] == "HotfixWrapper"
+    assert result["wrapped_type"] == "function" and not result["wrapped_is_wrapper"]
+    assert result["wrapped_file"] == result["module_file"]
+    # SGLang's module keeps its own loader: the hook leaves no trace on it.
+    assert result["loader_type"] == result["spec_loader_type"] == "SourceFileLoader"
+    lines = ran.hotfix_lines()
+    assert len(lines) == 1, ran
+    assert "INFO: patched" in lines[0] and "PR #26521" in lines[0] and "sglang 0.5.12" in lines[0]
+    assert "fingerprint ast1:" in lines[0]
+
+
+def test_plugin_under_test_is_the_installed_wheel(scenario):
+    result = scenario("import_only").result
+    for key in ("plugin_file", "autoload_file"):
+        assert "site-packages" in result[key], result[key]
+
+
+def test_patched_equals_upstream_fix_on_every_branch(scenario):
+    ran = scenario("equivalence")
+    assert ran.returncode == 0, ran
+    result = ran.result
+    # 3 step ids x 5 branch cases x 2 call styles x 5 batch sizes x 2 call paths
+    assert result["compared"] == 300
+    assert result["mismatches"] == []
+    # The comparison can fail: the unpatched method differs from upstream's fix,
+    # and only in the draft-decode branch (decode and idle modes).
+    assert result["unpatched_differs"] == {"draft_decode": 30, "idle_draft_decode": 30}
+
+
+def test_draft_decode_buffer_holds_the_lengths(scenario):
+    result = scenario("draft_decode_values").result
+    # seq_lens [5, 9, 17], speculative_step_id 2: lengths + 3
+    assert result["cache_seqlens"] == [8, 12, 20]
+    assert result["cu_seqlens_k"] == [0, 8, 20, 40]
+    assert result["max_seq_len_k"] == 20
+    assert result["buffer"] == [8, 12, 20, 0, 0, 0, 0, 0]
+
+
+def test_replay_method_is_untouched(scenario):
+    result = scenario("replay_untouched").result
+    assert result["replay_type"] == "function" and not result["replay_has_wrapped"]
+    assert result["replay_file"] == result["module_file"]
+    assert result["mismatches"] == 0
+
+
+def test_only_the_method_changes_and_remove_restores_it(scenario):
+    from conftest import clean_env
+
+    ran = scenario("identity_and_cycles", env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE="1"))
+    assert ran.returncode == 0, ran
+    r = ran.result
+    assert r["first"] is True and r["second"] is True
+    assert r["first_type"] == "HotfixWrapper" and r["wrapped_is_original"]
+    assert r["same_wrapper_after_second_apply"], "applying twice must be a no-op"
+    assert r["changed"] == ["init_forward_metadata_capture_cuda_graph"]
+    assert r["signature_after"] == r["signature_before"]
+    assert r["bound_signature_after"] == r["signature_before"].replace("(self, ", "(", 1)
+    assert r["restored"] == 1 and r["original_back"] and r["unchanged_after_remove"]
+    assert r["cycles"] == 50 and r["final_is_original"] and r["patched_records"] == 0
