@@ -1,8 +1,14 @@
-"""Operator command line: ``sglang-hotfix-trtllm status [--json] [--source PATH]``.
+"""Operator command line (``sglang-hotfix-trtllm`` or ``python -m sglang_hotfix_trtllm``).
 
-Never imports SGLang or torch: everything is read from files and metadata.
-Exit status: 0 protected or nothing to do; 1 affected but a process started
-now would not be patched; 2 unknown, unreadable source, or bad arguments.
+* ``status [--json] [--source PATH]``: never imports SGLang or torch. Exit 0
+  protected or nothing to do; 1 affected but a process started now would not
+  be patched; 2 unknown, unreadable source.
+* ``verify``: imports SGLang's backend on CPU and compares patched, unpatched
+  and upstream-fixed capture (see ``verify``).
+* ``run -- COMMAND``: run COMMAND with the hotfix loaded in it and its Python
+  children, for installs outside site-packages (see ``launcher``).
+
+Bad arguments: usage on stderr, exit 2.
 """
 
 import argparse
@@ -108,9 +114,32 @@ def _parser():
     status_parser.add_argument("--json", action="store_true", help="print one JSON object")
     status_parser.add_argument("--source", metavar="PATH", help="classify this trtllm_mha_backend.py instead of the installed one")
     status_parser.set_defaults(run=status)
+    verify_parser = verbs.add_parser("verify", help="run the fix on the installed SGLang on CPU and compare with upstream's")
+    verify_parser.set_defaults(run=verify)
+    run_parser = verbs.add_parser("run", help="run COMMAND with the hotfix loaded (installs outside site-packages)",
+                                  usage="%(prog)s -- COMMAND [ARGS...]")
+    run_parser.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
+    run_parser.set_defaults(run=launch)
     return parser
+
+
+def verify(arguments):
+    from . import verify as verifying
+
+    return verifying.verify(catalog.HOTFIXES[0], print)
+
+
+def launch(arguments):
+    from . import launcher
+
+    command = arguments.command[1:] if arguments.command[:1] == ["--"] else arguments.command
+    return launcher.run(command)
 
 
 def main(argv=None):
     arguments = _parser().parse_args(argv)  # exits 2 with usage on bad arguments
-    return arguments.run(arguments)
+    try:
+        return arguments.run(arguments)
+    except BrokenPipeError:  # `status | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK

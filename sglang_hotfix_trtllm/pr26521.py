@@ -27,6 +27,7 @@ import ast
 
 from .fingerprint import of_node
 from .record import Classification, Hotfix, Verdict
+from .release_table import ReleaseTable
 
 CLASS_NAME = "TRTLLMHAAttnBackend"
 METHOD_NAME = "init_forward_metadata_capture_cuda_graph"
@@ -285,6 +286,25 @@ def classify(tree):
     )
 
 
+# --------------------------------------------------------------------------
+# Upstream's fix, for `sglang-hotfix-trtllm verify`
+
+UPSTREAM_STATEMENT = "metadata.cache_seqlens_int32.copy_(seq_lens + self.speculative_step_id + 1)"
+
+
+def upstream_fixed_method_node(tree):
+    """The target method's AST with PR #26521's statement inserted right after
+    the draft-decode binding, as upstream inserted it (for an affected source)."""
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == CLASS_NAME)
+    method = _find_method(cls, METHOD_NAME)
+    decode_branch = next(n for n in method.body if isinstance(n, ast.If) and _is_decode_test(n.test))
+    draft_body = decode_branch.body[0].body
+    binding = next(i for i, statement in enumerate(draft_body) if _is_buffer_view_binding(statement))
+    statement = ast.parse(UPSTREAM_STATEMENT).body[0]
+    draft_body.insert(binding + 1, ast.copy_location(statement, draft_body[binding]))
+    return ast.fix_missing_locations(method)
+
+
 HOTFIX = Hotfix(
     name="pr26521",
     upstream="SGLang PR #26521",
@@ -295,4 +315,6 @@ HOTFIX = Hotfix(
     first_fixed_release="0.5.13",
     classify=classify,
     wrapper=prefill_draft_decode_seqlens,
+    known_fingerprints=ReleaseTable("pr26521_releases.json"),
+    probe="sglang_hotfix_trtllm.pr26521_probe:probe",
 )

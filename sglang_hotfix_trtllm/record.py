@@ -49,7 +49,20 @@ class Hotfix:
     wrapper: Callable
     # fingerprint -> releases known to have exactly that target method, with their verdict
     known_fingerprints: Mapping[str, Tuple[Verdict, Tuple[str, ...]]] = field(default_factory=dict)
+    # "module:function" run by `sglang-hotfix-trtllm verify` on the imported
+    # target module: probe(module) -> ProbeReport. Imported only by verify.
+    probe: Optional[str] = None
 
     @property
     def target(self):
         return "%s.%s.%s" % (self.module, self.class_name, self.method_name)
+
+
+@dataclass(frozen=True)
+class ProbeReport:
+    """What `verify` shows: rows of (what, unpatched, patched, upstream) and the verdict."""
+
+    title: str
+    rows: Tuple[Tuple[str, str, str, str], ...]
+    patched_equals_upstream: bool
+    detail: str = ""

@@ -16,6 +16,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 SUPPORT = HERE / "support"
 REPO = HERE.parent
 sys.path.insert(0, str(SUPPORT))
+sys.path.insert(0, str(HERE.parent / "tools"))
 # `python -m pytest` puts the working directory first on sys.path; the tests
 # must exercise the installed wheel, never the source tree beside them.
 sys.path[:] = [p for p in sys.path if pathlib.Path(p or os.getcwd()).resolve() != REPO]

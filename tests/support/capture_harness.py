@@ -97,3 +97,35 @@ def differences(left, right, path=""):
                 out.extend(differences(left[key], right[key], "%s/%s" % (path, key)))
         return out
     return [] if left == right else [path]
+
+
+def compare_with_oracle(cls, forward_mode_cls, oracle, unpatched):
+    """Run the same capture sequences through the class's (patched) method, the
+    class attribute called unbound, the oracle and the unpatched method, on
+    fresh backends, and compare every snapshot with the oracle's.
+
+    Returns (comparisons made, mismatches, {branch: times unpatched differed}).
+    """
+    def through_class(backend, *args, **kwargs):  # TRTLLMHAAttnBackend.method(self, ...)
+        return cls.init_forward_metadata_capture_cuda_graph(backend, *args, **kwargs)
+
+    functions = {"patched": via_instance, "class": through_class, "oracle": oracle, "unpatched": unpatched}
+    compared, mismatches, unpatched_differs = 0, [], {}
+    for step_id in (0, 1, 2):
+        for branch, forward_mode, spec_info, tokens in branches(forward_mode_cls):
+            for style in ("positional", "keyword"):
+                backends = {name: make_backend(cls, step_id) for name in functions}
+                # A sequence of captures, largest batch first as SGLang's runner does.
+                for bs in (8, 5, 3, 2, 1):
+                    req_pool_indices, seq_lens = inputs(bs, seed=bs * 10 + step_id)
+                    for name, backend in backends.items():
+                        call(functions[name], backend, bs, tokens, req_pool_indices, seq_lens, forward_mode, spec_info, style)
+                    states = {name: snapshot(backend) for name, backend in backends.items()}
+                    for name in ("patched", "class"):
+                        compared += 1
+                        diff = differences(states[name], states["oracle"])
+                        if diff:
+                            mismatches.append({"via": name, "branch": branch, "step": step_id, "bs": bs, "style": style, "paths": diff[:5]})
+                    if differences(states["unpatched"], states["oracle"]):
+                        unpatched_differs[branch] = unpatched_differs.get(branch, 0) + 1
+    return compared, mismatches, unpatched_differs

@@ -70,39 +70,14 @@ def startup_only():
 
 def equivalence():
     """Patched method vs upstream's fix vs unpatched, on every branch."""
-    from capture_harness import branches, call, differences, inputs, make_backend, snapshot, via_instance
+    from capture_harness import compare_with_oracle
     from upstream_fix import upstream_fixed_method
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     module = _import_backend()
     cls = module.TRTLLMHAAttnBackend
-    patched_attribute = cls.__dict__[METHOD]
-    unpatched = patched_attribute.__wrapped__
-    oracle = upstream_fixed_method(module)
-
-    def through_class(backend, *args, **kwargs):  # unbound call: TRTLLMHAAttnBackend.method(self, ...)
-        return cls.init_forward_metadata_capture_cuda_graph(backend, *args, **kwargs)
-
-    compared, mismatches, unpatched_differs = 0, [], {}
-    for step_id in (0, 1, 2):
-        for branch, forward_mode, spec_info, tokens in branches(ForwardMode):
-            for style in ("positional", "keyword"):
-                backends = {name: make_backend(cls, step_id) for name in ("patched", "class", "oracle", "unpatched")}
-                functions = {"patched": via_instance, "class": through_class, "oracle": oracle, "unpatched": unpatched}
-                # A sequence of captures, largest first as SGLang's runner does.
-                for bs in (8, 5, 3, 2, 1):
-                    req_pool_indices, seq_lens = inputs(bs, seed=bs * 10 + step_id)
-                    for name, backend in backends.items():
-                        call(functions[name], backend, bs, tokens, req_pool_indices, seq_lens, forward_mode, spec_info, style)
-                    states = {name: snapshot(backend) for name, backend in backends.items()}
-                    for name in ("patched", "class"):
-                        diff = differences(states[name], states["oracle"])
-                        compared += 1
-                        if diff:
-                            mismatches.append({"via": name, "branch": branch, "step": step_id, "bs": bs, "style": style, "paths": diff[:5]})
-                    key = branch
-                    if differences(states["unpatched"], states["oracle"]):
-                        unpatched_differs[key] = unpatched_differs.get(key, 0) + 1
+    unpatched = cls.__dict__[METHOD].__wrapped__
+    compared, mismatches, unpatched_differs = compare_with_oracle(cls, ForwardMode, upstream_fixed_method(module), unpatched)
     _result(compared=compared, mismatches=mismatches, unpatched_differs=unpatched_differs)
 
 

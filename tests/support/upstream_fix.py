@@ -50,7 +50,8 @@ def fixed_source_text(source_text):
 
 
 def upstream_fixed_method(module):
-    """The installed method, fixed as upstream fixed it, as a plain function."""
+    """The module's method, fixed as upstream fixed it, as a plain function
+    compiled from the module's own source file with the module's globals."""
     with open(module.__file__, encoding="utf-8") as handle:
         tree, method = insert_upstream_fix(handle.read())
     # Keep the module's `from __future__ import annotations`, as the original was compiled with it.

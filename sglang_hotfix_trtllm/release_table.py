@@ -1,0 +1,48 @@
+"""The published releases a hotfix knows, as data (written by tools/scan_releases.py).
+
+Standard library only. The file is read on first use, not at import, so the
+startup hook never pays for it. A missing or damaged file gives an empty
+table: detection then falls back to the structural analysis alone, which is
+what produced the table in the first place.
+"""
+
+import json
+import os
+from collections.abc import Mapping
+
+from .record import Verdict
+
+
+class ReleaseTable(Mapping):
+    """fingerprint -> (verdict, releases sharing that fingerprint, oldest first)."""
+
+    def __init__(self, filename):
+        self._path = os.path.join(os.path.dirname(os.path.abspath(__file__)), filename)
+        self._by_fingerprint = None
+        self.rows = ()
+        self.problem = None  # why the file could not be read, if it could not
+
+    def _load(self):
+        if self._by_fingerprint is not None:
+            return self._by_fingerprint
+        table = {}
+        try:
+            with open(self._path, encoding="utf-8") as handle:
+                self.rows = tuple(json.load(handle)["releases"])
+            for row in self.rows:
+                verdict, releases = table.get(row["fingerprint"], (Verdict(row["verdict"]), ()))
+                table[row["fingerprint"]] = (verdict, releases + (row["release"],))
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            self.problem = "%s: %s: %s" % (self._path, type(error).__name__, error)
+            table = {}
+        self._by_fingerprint = table
+        return table
+
+    def __getitem__(self, fingerprint):
+        return self._load()[fingerprint]
+
+    def __iter__(self):
+        return iter(self._load())
+
+    def __len__(self):
+        return len(self._load())

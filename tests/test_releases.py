@@ -1,0 +1,104 @@
+"""Every published SGLang release from 0.5.1 on: its verdict, and for every
+affected one, the plugin's wrapper on that release's own method against the
+same method with PR #26521's statement inserted.
+
+Which releases: ``SGLANG_HOTFIX_RELEASES`` = ``all`` (default: every release in
+the shipped table), ``quick`` (one per code variant, plus the first and last
+fixed), or a comma-separated list. Fetched files are cached under
+``.cache/releases`` (or ``$SGLANG_HOTFIX_TEST_CACHE/releases``).
+"""
+
+import os
+
+import pytest
+from packaging.version import Version
+
+import isolated_release
+import scan_releases
+import variants
+from capture_harness import compare_with_oracle
+from conftest import CACHE
+from upstream_fix import upstream_fixed_method
+from sglang_hotfix_trtllm import engine, pr26521
+from sglang_hotfix_trtllm.record import Verdict
+
+HOTFIX = pr26521.HOTFIX
+RELEASES_CACHE = CACHE / "releases"
+QUICK = ("0.5.1", "0.5.3", "0.5.8.post1", "0.5.9", "0.5.12.post1", "0.5.13", "0.5.23")
+TABLE = {row["release"]: row for row in (HOTFIX.known_fingerprints.rows or [])} if len(HOTFIX.known_fingerprints) else {}
+
+
+def expected_verdict(release):
+    """REFERENCE.md: 0.5.1 to 0.5.12.post1 carry the bug; 0.5.13 and later are fixed."""
+    return Verdict.AFFECTED if Version(release) < Version("0.5.13") else Verdict.FIXED
+
+
+def selected_releases():
+    choice = os.environ.get("SGLANG_HOTFIX_RELEASES", "all").strip()
+    if choice == "all":
+        return sorted(TABLE, key=Version)
+    if choice == "quick":
+        return list(QUICK)
+    return [r.strip() for r in choice.split(",") if r.strip()]
+
+
+RELEASES = selected_releases()
+AFFECTED = [r for r in RELEASES if expected_verdict(r) is Verdict.AFFECTED]
+
+
+def release_dir(release):
+    return scan_releases.fetch(RELEASES_CACHE, release)
+
+
+def test_shipped_table_gives_every_release_its_reference_verdict():
+    assert len(TABLE) >= 42, "the shipped release table is missing or short"
+    wrong = {r: row["verdict"] for r, row in TABLE.items() if row["verdict"] != expected_verdict(r).value}
+    assert wrong == {}
+    up_to_0_5_23 = [r for r in TABLE if Version(r) <= Version("0.5.23")]
+    assert len(up_to_0_5_23) == 42
+    assert sum(TABLE[r]["verdict"] == "affected" for r in up_to_0_5_23) == 29
+
+
+def test_shipped_table_covers_every_published_release_it_could_know():
+    newest = max(TABLE, key=Version)
+    published = [r for r in scan_releases.list_releases() if Version(r) <= Version(newest)]
+    assert sorted(set(published) - set(TABLE), key=Version) == []
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_release_gets_its_verdict_from_its_own_source(release):
+    path = release_dir(release) / isolated_release.BACKEND
+    assessment = engine.assess_source(HOTFIX, str(path))
+    assert assessment.verdict is expected_verdict(release), assessment.reason
+    assert release in assessment.known_releases
+    assert assessment.fingerprint == TABLE[release]["fingerprint"]
+
+
+@pytest.mark.parametrize("release", AFFECTED)
+def test_wrapped_release_method_equals_its_upstream_fix(release):
+    module = isolated_release.load_backend_module(release_dir(release))
+    cls = module.TRTLLMHAAttnBackend
+    original = cls.__dict__["init_forward_metadata_capture_cuda_graph"]
+    oracle = upstream_fixed_method(module)
+    # The plugin's real path: the engine's handler, as the import hook calls it.
+    assert engine.handle(HOTFIX, module) == "patched"
+    assert engine.is_patched(HOTFIX, cls)
+    try:
+        compared, mismatches, unpatched_differs = compare_with_oracle(cls, module.ForwardMode, oracle, original)
+    finally:
+        engine.remove_all()
+    assert cls.__dict__["init_forward_metadata_capture_cuda_graph"] is original
+    assert compared == 300 and mismatches == []
+    assert unpatched_differs == {"draft_decode": 30, "idle_draft_decode": 30}
+
+
+@pytest.mark.parametrize("release", AFFECTED)
+def test_hand_made_variants_of_release(release):
+    text = (release_dir(release) / isolated_release.BACKEND).read_text(encoding="utf-8")
+
+    def verdict(source_text):
+        return engine.assess_source(HOTFIX, "trtllm_mha_backend.py", text=source_text).verdict
+
+    assert verdict(variants.fixed_source_text(text)) is Verdict.FIXED
+    for variant in (variants.with_renamed_key, variants.without_draft_branch, variants.with_extra_write, variants.with_write_after_use):
+        assert verdict(variant(text)) is Verdict.UNKNOWN, variant.__name__

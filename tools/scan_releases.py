@@ -1,0 +1,215 @@
+"""Maintainer tool: classify every published SGLang release, and ship the result.
+
+    python tools/scan_releases.py --cache DIR [--releases V1,V2,...] [--write]
+
+For each SGLang release from 0.5.1 on (or the ones named), it fetches the
+release (``pip download --no-deps``), keeps only the two files the hotfix and
+its tests read (``trtllm_mha_backend.py`` and ``forward_batch_info.py``) under
+``DIR/<release>/``, and classifies the backend source with the package's
+*structural* analysis (never with the shipped table it is about to write).
+It prints one row per release; with ``--write`` it also rewrites
+
+* ``sglang_hotfix_trtllm/pr26521_releases.json``: the table the detector uses
+  (fingerprint -> verdict and releases), and
+* the compatibility table in ``README.md`` between its ``releases`` markers.
+
+Nothing from SGLang is committed: fetched files stay in the cache folder the
+caller names. The index is the one pip is configured with; upload dates come
+from its JSON simple API (PEP 691/700) when it offers them, else they are
+left empty.
+
+Run it with the test environment's Python (it needs ``packaging``, and the
+installed ``sglang_hotfix_trtllm`` for the analysis).
+"""
+
+import argparse
+import ast
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.request
+import zipfile
+
+from packaging.version import Version
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+TABLE = REPO / "sglang_hotfix_trtllm" / "pr26521_releases.json"
+README = REPO / "README.md"
+FIRST_RELEASE = Version("0.5.1")
+KEPT_FILES = {
+    "backend": "sglang/srt/layers/attention/trtllm_mha_backend.py",
+    "forward_batch_info": "sglang/srt/model_executor/forward_batch_info.py",
+}
+README_BEGIN, README_END = "<!-- releases:begin -->", "<!-- releases:end -->"
+
+
+def _pip(*args, capture=True):
+    return subprocess.run([sys.executable, "-m", "pip"] + list(args), check=True, capture_output=capture, text=True)
+
+
+def list_releases():
+    """Published releases from 0.5.1 on, oldest first, as the index lists them."""
+    out = _pip("index", "versions", "sglang", "--pre").stdout
+    match = re.search(r"Available versions:\s*(.+)", out)
+    if not match:
+        raise RuntimeError("cannot read the release list from `pip index versions sglang`:\n" + out)
+    versions = [Version(v.strip()) for v in match.group(1).split(",") if v.strip()]
+    return [str(v) for v in sorted(versions) if v >= FIRST_RELEASE and not v.is_prerelease]
+
+
+def _index_url():
+    for key in ("PIP_INDEX_URL",):
+        if os.environ.get(key):
+            return os.environ[key]
+    try:
+        configured = _pip("config", "get", "global.index-url").stdout.strip()
+        if configured:
+            return configured
+    except subprocess.CalledProcessError:
+        pass
+    from pip._internal.models.index import PyPI  # pip's own default, not named here
+
+    return PyPI.simple_url
+
+
+def upload_dates():
+    """release -> earliest upload date (YYYY-MM-DD) of its files, where the index says."""
+    url = _index_url().rstrip("/") + "/sglang/"
+    request = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            data = json.load(response)
+    except Exception as error:
+        print("upload dates unavailable (%s); leaving them empty" % error, file=sys.stderr)
+        return {}
+    dates = {}
+    for entry in data.get("files", []):
+        when = entry.get("upload-time")
+        match = re.match(r"sglang-([^-]+)(?:-|\.tar)", entry.get("filename", ""))
+        if when and match:
+            release = match.group(1)
+            dates[release] = min(dates.get(release, when), when)
+    return {release: when[:10] for release, when in dates.items()}
+
+
+def release_dir(cache, release):
+    return pathlib.Path(cache) / release
+
+
+def fetch(cache, release):
+    """Download one release and keep the files the hotfix reads; cached."""
+    folder = release_dir(cache, release)
+    marker = folder / ".complete"
+    if marker.exists():
+        return folder
+    with tempfile.TemporaryDirectory() as download:
+        _pip(
+            "download", "--no-deps", "--quiet", "--only-binary=:all:",
+            "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
+            "--platform", "manylinux_2_34_x86_64", "-d", download, "sglang==" + release,
+        )
+        (wheel,) = pathlib.Path(download).glob("sglang-*.whl")
+        with zipfile.ZipFile(wheel) as archive:
+            names = set(archive.namelist())
+            for member in KEPT_FILES.values():
+                if member in names:
+                    target = folder / member
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    with archive.open(member) as source, open(target, "wb") as out:
+                        shutil.copyfileobj(source, out)
+    folder.mkdir(parents=True, exist_ok=True)
+    marker.write_text(release)
+    return folder
+
+
+def backend_path(cache, release):
+    return release_dir(cache, release) / KEPT_FILES["backend"]
+
+
+def classify(cache, release):
+    """(verdict, fingerprint, reason) from the structural analysis alone."""
+    from sglang_hotfix_trtllm import pr26521
+
+    path = backend_path(cache, release)
+    if not path.exists():
+        return "not-applicable", None, "no trtllm_mha_backend module"
+    result = pr26521.classify(ast.parse(path.read_text(encoding="utf-8")))
+    return result.verdict.value, result.fingerprint, result.reason
+
+
+def scan(cache, releases, dates):
+    rows = []
+    for release in releases:
+        fetch(cache, release)
+        verdict, fingerprint, reason = classify(cache, release)
+        rows.append({"release": release, "date": dates.get(release), "verdict": verdict, "fingerprint": fingerprint, "reason": reason})
+        print("%-14s %-10s %-15s %-22s %s" % (release, dates.get(release) or "-", verdict, fingerprint, reason), flush=True)
+    return rows
+
+
+def table_data(rows):
+    return {
+        "about": "Written by tools/scan_releases.py from SGLang's published releases; do not edit by hand.",
+        "hotfix": "pr26521",
+        "releases": [{k: row[k] for k in ("release", "date", "verdict", "fingerprint")} for row in rows],
+    }
+
+
+def _ranges(rows):
+    """Consecutive releases with the same verdict and fingerprint, as table rows."""
+    groups = []
+    for row in rows:
+        key = (row["verdict"], row["fingerprint"] if row["verdict"] == "affected" else None)
+        if groups and groups[-1][0] == key:
+            groups[-1][1].append(row)
+        else:
+            groups.append((key, [row]))
+    return groups
+
+
+def readme_table(rows):
+    lines = [
+        "| SGLang releases | uploaded | verdict | fingerprint of the method | what the hotfix does |",
+        "|---|---|---|---|---|",
+    ]
+    for (verdict, fingerprint), group in _ranges(rows):
+        first, last = group[0], group[-1]
+        names = first["release"] if first is last else "%s … %s (%d releases)" % (first["release"], last["release"], len(group))
+        dates = first["date"] or "?" if first is last else "%s … %s" % (first["date"] or "?", last["date"] or "?")
+        action = {"affected": "patches", "fixed": "nothing; says it can be removed"}.get(verdict, "refuses")
+        lines.append("| %s | %s | %s | %s | %s |" % (names, dates, verdict, "`%s`" % fingerprint if fingerprint else "–", action))
+    return "\n".join(lines)
+
+
+def write_readme(rows):
+    text = README.read_text(encoding="utf-8")
+    begin, end = text.index(README_BEGIN) + len(README_BEGIN), text.index(README_END)
+    README.write_text(text[:begin] + "\n" + readme_table(rows) + "\n" + text[end:], encoding="utf-8")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cache", required=True, help="folder for fetched release files")
+    parser.add_argument("--releases", help="comma-separated releases (default: all from 0.5.1 on)")
+    parser.add_argument("--write", action="store_true", help="rewrite the shipped table and the README's table")
+    arguments = parser.parse_args(argv)
+    releases = arguments.releases.split(",") if arguments.releases else list_releases()
+    rows = scan(arguments.cache, releases, upload_dates())
+    counts = {}
+    for row in rows:
+        counts[row["verdict"]] = counts.get(row["verdict"], 0) + 1
+    print("%d releases: %s" % (len(rows), ", ".join("%d %s" % (n, v) for v, n in sorted(counts.items()))))
+    if arguments.write:
+        TABLE.write_text(json.dumps(table_data(rows), indent=1) + "\n", encoding="utf-8")
+        write_readme(rows)
+        print("wrote %s and the README's compatibility table" % TABLE.relative_to(REPO))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
