@@ -1,0 +1,49 @@
+"""``sglang-hotfix-trtllm verify``: run the fix on the installed SGLang, on CPU.
+
+Imports torch and SGLang's real backend module (unlike ``status``), then runs
+the record's probe. Exit 0 only when the patched result equals upstream's; 0
+too when there is nothing to verify (fixed, not-applicable); 2 when torch or
+SGLang cannot be imported, the source is unknown, or the probe fails.
+"""
+
+import importlib
+
+from . import engine
+from .record import Verdict
+
+EXIT_OK, EXIT_MISMATCH, EXIT_ERROR = 0, 1, 2
+
+
+def _load(dotted):
+    module_name, _, function = dotted.partition(":")
+    return getattr(importlib.import_module(module_name), function)
+
+
+def verify(hotfix, out):
+    assessment = engine.assess_installed(hotfix)
+    out("%s: %s (%s)" % (hotfix.target, assessment.verdict, assessment.reason))
+    if assessment.verdict in (Verdict.FIXED, Verdict.NOT_APPLICABLE):
+        out("nothing to verify: the hotfix does not patch this SGLang")
+        return EXIT_OK
+    if assessment.verdict is Verdict.UNKNOWN:
+        out("cannot verify: the installed code is not recognised (fingerprint %s)" % assessment.fingerprint)
+        return EXIT_ERROR
+    for name in ("torch", hotfix.module):
+        try:
+            module = importlib.import_module(name)
+        except Exception as error:
+            out("cannot import %s: %s: %s" % (name, type(error).__name__, error))
+            return EXIT_ERROR
+    try:
+        report = _load(hotfix.probe)(module)
+    except Exception as error:
+        out("probe failed: %s: %s" % (type(error).__name__, error))
+        return EXIT_ERROR
+    out(report.title)
+    header = ("field", "unpatched", "patched", "upstream fix")
+    widths = [max(len(row[i]) for row in (header,) + report.rows) for i in range(4)]
+    for row in (header,) + report.rows:
+        out("  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
+    out(report.detail)
+    out("OK: the patched method equals upstream's fix" if report.patched_equals_upstream else "MISMATCH: the patched method differs from upstream's fix")
+    return EXIT_OK if report.patched_equals_upstream else EXIT_MISMATCH
