@@ -16,81 +16,17 @@ import json
 import os
 import sys
 
-from . import __version__, catalog, engine, source, switches
-from .record import Verdict
-
-EXIT_OK, EXIT_UNPROTECTED, EXIT_ERROR = 0, 1, 2
-STARTUP_FILE = "sglang_hotfix_trtllm.pth"
-
-
-def _startup_file():
-    """Path of the installed startup file, or None."""
-    import sglang_hotfix_trtllm_autoload
-
-    candidate = os.path.join(os.path.dirname(os.path.abspath(sglang_hotfix_trtllm_autoload.__file__)), STARTUP_FILE)
-    return candidate if os.path.isfile(candidate) else None
-
-
-def _entry_point_installed():
-    try:
-        from importlib.metadata import entry_points
-
-        return any(ep.name == switches.PLUGIN_NAME for ep in entry_points(group="sglang.srt.plugins"))
-    except Exception:
-        return False
-
-
-def _would_patch(assessment, current, startup_file):
-    """(bool, reason) for a process started now in this environment."""
-    if assessment.verdict is not Verdict.AFFECTED:
-        return False, "nothing to patch: verdict is %s" % assessment.verdict
-    if current.disabled:
-        return False, "%s is on" % switches.DISABLE
-    if current.excluded_by_sglang_plugins:
-        return False, "%s does not name %s" % (switches.SGLANG_PLUGINS, switches.PLUGIN_NAME)
-    if startup_file is None:
-        return False, "the startup file %s is missing from site-packages (reinstall the package)" % STARTUP_FILE
-    return True, "affected, and the startup hook will patch it when SGLang imports the backend"
-
-
-def _status_of_file(hotfix, path):
-    if not os.path.isfile(path):
-        return engine.Assessment(hotfix.name, hotfix.target, Verdict.UNKNOWN, "no such file: %s" % path, None, path, ())
-    return engine.assess_source(hotfix, path)
+from . import __version__, catalog
 
 
 def status(arguments):
+    from . import status as state
+
     hotfix = catalog.HOTFIXES[0]
     if arguments.source:
-        assessment = _status_of_file(hotfix, arguments.source)
-        report = assessment.as_dict()
-        code = EXIT_ERROR if assessment.verdict is Verdict.UNKNOWN else EXIT_OK
+        report, assessment, code = state.of_file(hotfix, arguments.source)
     else:
-        assessment = engine.assess_installed(hotfix)
-        dist = source.distribution(hotfix.distribution)
-        current = switches.read()
-        startup_file = _startup_file()
-        would_patch, why = _would_patch(assessment, current, startup_file)
-        report = assessment.as_dict()
-        report.update(
-            {
-                "plugin_version": __version__,
-                "sglang_version": dist.version,
-                "sglang_install_kind": dist.install_kind if dist.version is not None else None,
-                "startup_file": startup_file,
-                "entry_point_installed": _entry_point_installed(),
-                "switches": current.as_dict(),
-                "switch_problems": list(current.problems),
-                "would_patch": would_patch,
-                "would_patch_reason": why,
-            }
-        )
-        if assessment.verdict is Verdict.UNKNOWN:
-            code = EXIT_ERROR
-        elif assessment.verdict is Verdict.AFFECTED and not would_patch:
-            code = EXIT_UNPROTECTED
-        else:
-            code = EXIT_OK
+        report, assessment, code = state.of_environment(hotfix)
 
     if arguments.json:
         print(json.dumps(report, indent=2, sort_keys=True))
@@ -98,7 +34,7 @@ def status(arguments):
         width = max(len(key) for key in report)
         for key, value in report.items():
             print("%-*s  %s" % (width, key, value))
-    if code == EXIT_ERROR:
+    if code == state.EXIT_ERROR:
         print("sglang-hotfix-trtllm: %s: %s" % (assessment.verdict, assessment.reason), file=sys.stderr)
     return code
 
@@ -142,4 +78,4 @@ def main(argv=None):
         return arguments.run(arguments)
     except BrokenPipeError:  # `status | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_OK
+        return 0

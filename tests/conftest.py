@@ -114,3 +114,41 @@ def sglang_release():
         return target
 
     return fetch
+
+
+@pytest.fixture(scope="session")
+def plugin_wheel(tmp_path_factory):
+    """This repository built as a wheel, the way pip builds it for users."""
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(REPO)],
+        check=True, timeout=300,
+    )
+    (path,) = out.glob("sglang_hotfix_trtllm-*.whl")
+    return path
+
+
+@pytest.fixture(scope="session")
+def bare_python(tmp_path_factory):
+    """A Python with empty site-packages: nothing of ours is read at its start."""
+    folder = tmp_path_factory.mktemp("bare") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True, timeout=120)
+    return str(folder / "bin" / "python")
+
+
+@pytest.fixture(scope="session")
+def venv_site_packages():
+    import sysconfig
+
+    return sysconfig.get_paths()["purelib"]
+
+
+@pytest.fixture(scope="session")
+def target_install(tmp_path_factory, plugin_wheel):
+    """The plugin installed with `pip install --target DIR`, as on a shared volume."""
+    folder = tmp_path_factory.mktemp("target") / "hotfix"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(folder), str(plugin_wheel)],
+        check=True, timeout=300,
+    )
+    return folder

@@ -50,10 +50,64 @@ def test_status_of_unreadable_source_exits_2_with_one_line(tmp_path):
 
 
 def test_status_does_not_import_sglang_or_torch(tmp_path):
-    code = ("import sys; from sglang_hotfix_trtllm import cli; cli.main(['status', '--json']);"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'sglang', 'wrapt')))")
-    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(), cwd=tmp_path, timeout=60)
-    assert ran.stdout.strip().splitlines()[-1] == "[]"
+    ran = subprocess.run([sys.executable, "-X", "importtime", "-m", "sglang_hotfix_trtllm", "status"],
+                         capture_output=True, text=True, env=clean_env(), cwd=tmp_path, timeout=60)
+    assert ran.returncode == 0
+    imported = [line.split("|")[-1].strip() for line in ran.stderr.splitlines() if line.startswith("import time:")]
+    assert "sglang_hotfix_trtllm.status" in imported  # the check can see what it looks for
+    heavy = [m for m in imported if m.split(".")[0] in ("torch", "sglang", "wrapt")]
+    assert heavy == []
+
+
+def test_python_m_status_matches_the_console_script(tmp_path):
+    ran = subprocess.run([sys.executable, "-m", "sglang_hotfix_trtllm", "status", "--json"], capture_output=True,
+                         text=True, env=clean_env(), cwd=tmp_path, timeout=60)
+    assert ran.returncode == 0 and json.loads(ran.stdout) == json.loads(status("--json").stdout)
+
+
+def test_every_json_key_is_documented_in_the_readme():
+    from conftest import REPO
+
+    readme = (REPO / "README.md").read_text()
+    keys = set(json.loads(status("--json").stdout))
+    undocumented = sorted(k for k in keys if "`%s`" % k not in readme)
+    assert undocumented == []
+
+
+def test_status_exits_1_when_excluded_by_sglang_plugins():
+    ran = status("--json", env=clean_env(SGLANG_PLUGINS="another_plugin"))
+    assert ran.returncode == 1 and "SGLANG_PLUGINS" in json.loads(ran.stdout)["would_patch_reason"]
+
+
+def test_status_exits_2_for_unknown_installed_code(tmp_path, installed_backend_source):
+    # An SGLang whose backend is not recognised, first on PYTHONPATH.
+    root = tmp_path / "sglang_copy"
+    target = root / "sglang" / "srt" / "layers" / "attention"
+    target.mkdir(parents=True)
+    (root / "sglang" / "__init__.py").write_text("")
+    (target / "trtllm_mha_backend.py").write_text(variants.with_renamed_key(installed_backend_source))
+    ran = status("--json", env=clean_env(PYTHONPATH=str(root)))
+    assert ran.returncode == 2 and json.loads(ran.stdout)["verdict"] == "unknown"
+    assert len(ran.stderr.strip().splitlines()) == 1
+
+
+def test_status_when_sglang_is_absent(tmp_path, bare_python, target_install):
+    ran = subprocess.run([bare_python, "-m", "sglang_hotfix_trtllm", "status", "--json"], capture_output=True, text=True,
+                         env=clean_env(PYTHONPATH=str(target_install)), cwd=tmp_path, timeout=60)
+    assert ran.returncode == 0
+    report = json.loads(ran.stdout)
+    assert report["verdict"] == "not-applicable" and report["sglang_version"] is None
+
+
+def test_status_of_a_target_install_says_the_startup_file_is_inactive(tmp_path, target_install, venv_site_packages):
+    # The interpreter is the test venv's, but the plugin imported is the --target copy.
+    ran = subprocess.run([sys.executable, "-s", "-m", "sglang_hotfix_trtllm", "status", "--json"], capture_output=True, text=True,
+                         env=clean_env(PYTHONPATH=str(target_install)), cwd=tmp_path, timeout=60)
+    report = json.loads(ran.stdout)
+    assert report["plugin_location"] == str(target_install)
+    assert report["startup_file_active"] is False
+    # SGLang 0.5.12 has the plugin framework and the --target copy's entry point is visible.
+    assert report["would_patch"] is True and "plugin loader" in report["would_patch_reason"]
 
 
 def test_bad_arguments_exit_2():

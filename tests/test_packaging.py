@@ -1,23 +1,13 @@
 """What the wheel carries and what installing it may change."""
 
-import subprocess
-import sys
 import zipfile
 
 import pytest
 
-from conftest import REPO
-
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory):
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(REPO)],
-        check=True, timeout=300,
-    )
-    (path,) = out.glob("sglang_hotfix_trtllm-*.whl")
-    return zipfile.ZipFile(path)
+def wheel(plugin_wheel):
+    return zipfile.ZipFile(plugin_wheel)
 
 
 def _dist_file(wheel, name):

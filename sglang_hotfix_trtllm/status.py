@@ -1,0 +1,128 @@
+"""What ``sglang-hotfix-trtllm status`` reports: the state of this environment,
+read from files and metadata only.
+
+Never imports SGLang, torch or wrapt (a test holds it to that with
+``python -X importtime``), so it is fast and safe on any host.
+"""
+
+import os
+import site
+
+from . import __version__, engine, source, switches
+from .record import Verdict
+
+STARTUP_FILE = "sglang_hotfix_trtllm.pth"
+EXIT_OK, EXIT_UNPROTECTED, EXIT_ERROR = 0, 1, 2
+
+
+def _install_dir():
+    import sglang_hotfix_trtllm_autoload
+
+    return os.path.dirname(os.path.abspath(sglang_hotfix_trtllm_autoload.__file__))
+
+
+def _site_dirs():
+    dirs = list(site.getsitepackages()) if hasattr(site, "getsitepackages") else []
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    return {os.path.realpath(d) for d in dirs}
+
+
+def startup_file():
+    """(path or None, active): active when Python reads it at start (a site directory)."""
+    path = os.path.join(_install_dir(), STARTUP_FILE)
+    if not os.path.isfile(path):
+        return None, False
+    return path, os.path.realpath(os.path.dirname(path)) in _site_dirs()
+
+
+def launcher_active(environ=None):
+    """True when this process runs under ``sglang-hotfix-trtllm run`` (bootstrap on PYTHONPATH)."""
+    environ = os.environ if environ is None else environ
+    bootstrap = os.path.realpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap"))
+    entries = [e for e in environ.get("PYTHONPATH", "").split(os.pathsep) if e]
+    return any(os.path.realpath(e) == bootstrap for e in entries)
+
+
+def entry_point_installed():
+    try:
+        from importlib.metadata import entry_points
+
+        return any(ep.name == switches.PLUGIN_NAME for ep in entry_points(group="sglang.srt.plugins"))
+    except Exception:
+        return False
+
+
+def sglang_has_plugin_framework(assessment):
+    """SGLang 0.5.11+ ships sglang/srt/plugins: it calls our entry point itself."""
+    path = assessment.source_path
+    if not path:
+        return False
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(path))))  # .../sglang
+    return os.path.isfile(os.path.join(package_root, "srt", "plugins", "__init__.py"))
+
+
+def would_patch(assessment, current, startup_active, launcher, entry_point, framework):
+    """(bool, reason) for a Python process started now in this environment."""
+    if assessment.verdict is not Verdict.AFFECTED:
+        return False, "nothing to patch: the verdict is %s" % assessment.verdict
+    if current.disabled:
+        return False, "%s is on" % switches.DISABLE
+    if current.excluded_by_sglang_plugins:
+        return False, "%s is set and does not name %s" % (switches.SGLANG_PLUGINS, switches.PLUGIN_NAME)
+    if startup_active:
+        return True, "the startup file arms the hook in every Python process of this environment"
+    if launcher:
+        return True, "this process runs under `sglang-hotfix-trtllm run`: its bootstrap arms the hook"
+    if entry_point and framework:
+        return True, ("the startup file is not active, but SGLang's plugin loader calls the entry point "
+                      "(launch_server, Engine and scheduler processes only)")
+    return False, ("no loader is active: %s is not in a site-packages directory and SGLang has no plugin "
+                   "framework; reinstall into site-packages, or start SGLang with `sglang-hotfix-trtllm run -- ...`"
+                   % STARTUP_FILE)
+
+
+def of_environment(hotfix):
+    """(report dict, exit status) for the installed SGLang."""
+    assessment = engine.assess_installed(hotfix)
+    dist = source.distribution(hotfix.distribution)
+    current = switches.read()
+    path, active = startup_file()
+    launcher = launcher_active()
+    entry_point = entry_point_installed()
+    framework = sglang_has_plugin_framework(assessment)
+    patched, why = would_patch(assessment, current, active, launcher, entry_point, framework)
+    report = assessment.as_dict()
+    report.update(
+        {
+            "plugin_version": __version__,
+            "plugin_location": _install_dir(),
+            "sglang_version": dist.version,
+            "sglang_install_kind": dist.install_kind if dist.version is not None else None,
+            "startup_file": path,
+            "startup_file_active": active,
+            "launcher_active": launcher,
+            "entry_point_installed": entry_point,
+            "sglang_plugin_framework": framework,
+            "switches": current.as_dict(),
+            "switch_problems": list(current.problems),
+            "would_patch": patched,
+            "would_patch_reason": why,
+        }
+    )
+    if assessment.verdict is Verdict.UNKNOWN:
+        code = EXIT_ERROR
+    elif assessment.verdict is Verdict.AFFECTED and not patched:
+        code = EXIT_UNPROTECTED
+    else:
+        code = EXIT_OK
+    return report, assessment, code
+
+
+def of_file(hotfix, path):
+    """(report dict, exit status) for one given source file."""
+    if not os.path.isfile(path):
+        assessment = engine.Assessment(hotfix.name, hotfix.target, Verdict.UNKNOWN, "no such file: %s" % path, None, path, ())
+    else:
+        assessment = engine.assess_source(hotfix, path)
+    return assessment.as_dict(), assessment, EXIT_ERROR if assessment.verdict is Verdict.UNKNOWN else EXIT_OK
