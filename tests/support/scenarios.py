@@ -64,7 +64,8 @@ def startup_only():
     import sys as _sys
 
     heavy = sorted(m for m in _sys.modules if m.split(".")[0] in ("wrapt", "torch", "sglang", "sglang_hotfix_trtllm"))
-    finders = [type(f).__name__ for f in _sys.meta_path]
+    finders = ["%s.%s" % (getattr(f, "__module__", None) or type(f).__module__, getattr(f, "__qualname__", None) or type(f).__qualname__)
+               for f in _sys.meta_path]
     _result(heavy_modules=heavy, meta_path=finders, autoload_loaded="sglang_hotfix_trtllm_autoload" in _sys.modules)
 
 
