@@ -14,12 +14,11 @@ import os
 import threading
 import types
 import weakref
-from dataclasses import dataclass
-from typing import Optional, Tuple
 
 from . import catalog, source, switches
+from .fingerprint import of_node
 from .logs import say
-from .record import Verdict
+from .record import Value, Verdict
 
 UNINSTALL_HINT = "pip uninstall sglang-hotfix-trtllm"
 
@@ -32,16 +31,12 @@ class HotfixError(ImportError):
     """
 
 
-@dataclass(frozen=True)
-class Assessment:
-    hotfix_name: str
-    target: str
-    verdict: Verdict
-    reason: str
-    fingerprint: Optional[str]
-    source_path: Optional[str]
-    known_releases: Tuple[str, ...]
-    method_first_line: Optional[int] = None
+class Assessment(Value):
+    """The verdict on one source of a hotfix's target, with what it rests on."""
+
+    __slots__ = ("hotfix_name", "target", "verdict", "reason", "fingerprint", "source_path", "known_releases",
+                 "method_first_line")
+    _defaults = {"method_first_line": None}
 
     def as_dict(self):
         return {
@@ -72,26 +67,29 @@ def assess_source(hotfix, path, text=None):
     except (OSError, UnicodeDecodeError, SyntaxError, ValueError) as error:
         return result(Verdict.UNKNOWN, "cannot read %s as Python: %s: %s" % (path, type(error).__name__, error))
     try:
+        # A fingerprint the release table knows means code identical to a
+        # published release's, whose verdict the structural analysis gave when
+        # the table was made: no need to analyse it again.
+        node, function = hotfix.fingerprinted_node(tree)
+        fingerprint = of_node(node)
+        known = hotfix.known_fingerprints.get(fingerprint)
+        if known is not None:
+            verdict, releases = known
+            return result(
+                verdict,
+                "code identical to SGLang %s (%s)" % (_releases_text(releases), verdict),
+                fingerprint,
+                hotfix.first_line_of(function) if function is not None else None,
+                releases,
+            )
         classification = hotfix.classify(tree)
     except Exception as error:  # a bug in a record must not take the host down
         return result(Verdict.UNKNOWN, "classifier failed: %s: %s" % (type(error).__name__, error))
-    verdict, reason = classification.verdict, classification.reason
-    known = hotfix.known_fingerprints.get(classification.fingerprint)
-    releases = ()
-    if known is not None:
-        known_verdict, releases = known
-        if known_verdict != verdict:
-            # Both views come from this package: a disagreement means the data
-            # and the analysis drifted apart, and nothing is patched.
-            return result(
-                Verdict.UNKNOWN,
-                "fingerprint %s is listed as %s for %s but analysis says %s: %s"
-                % (classification.fingerprint, known_verdict, ", ".join(releases), verdict, reason),
-                classification.fingerprint,
-                classification.method_first_line,
-                releases,
-            )
-    return result(verdict, reason, classification.fingerprint, classification.method_first_line, releases)
+    return result(classification.verdict, classification.reason, classification.fingerprint, classification.method_first_line)
+
+
+def _releases_text(releases):
+    return releases[0] if len(releases) == 1 else "%s … %s (%d releases)" % (releases[0], releases[-1], len(releases))
 
 
 def assess_installed(hotfix):

@@ -49,28 +49,33 @@ _BS, _SEQ_LENS, _FORWARD_MODE, _SPEC_INFO = (PARAMETERS.index(n) for n in ("bs",
 # The repair
 
 
-def _argument(args, kwargs, index):
-    if index < len(args):
-        return args[index]
-    return kwargs[PARAMETERS[index]]
-
-
 def prefill_draft_decode_seqlens(wrapped, instance, args, kwargs):
     """wrapt wrapper: write ``seq_lens + speculative_step_id + 1`` into the
-    draft-decode ``cache_seqlens`` view, then run the original method."""
+    draft-decode ``cache_seqlens`` view, then run the original method.
+
+    Arguments are read by the positions and names of ``PARAMETERS`` (classify()
+    guarantees the method has exactly those); the common call shapes -- all
+    positional, or the multi-step draft backend's four positional plus
+    keywords -- take the short path.
+    """
     backend, call_args = instance, args
     if backend is None and args:  # called through the class: self is args[0]
         backend, call_args = args[0], args[1:]
+    count = len(call_args)
     try:
-        bs = _argument(call_args, kwargs, _BS)
-        seq_lens = _argument(call_args, kwargs, _SEQ_LENS)
-        forward_mode = _argument(call_args, kwargs, _FORWARD_MODE)
-        spec_info = _argument(call_args, kwargs, _SPEC_INFO)
-    except (IndexError, KeyError):
+        spec_info = call_args[_SPEC_INFO] if count > _SPEC_INFO else kwargs["spec_info"]
+        if spec_info is not None:
+            forward_mode = call_args[_FORWARD_MODE] if count > _FORWARD_MODE else kwargs["forward_mode"]
+            bs = call_args[_BS] if count > _BS else kwargs["bs"]
+            seq_lens = call_args[_SEQ_LENS] if count > _SEQ_LENS else kwargs["seq_lens"]
+    except KeyError:
         # A call the original cannot bind either: let it raise its own TypeError.
         return wrapped(*args, **kwargs)
-    if forward_mode.is_decode_or_idle() and spec_info is not None:
-        getattr(backend, BUFFER_DICT)[BUFFER_KEY][:bs].copy_(seq_lens + getattr(backend, STEP_ATTRIBUTE) + 1)
+    if spec_info is not None and forward_mode.is_decode_or_idle():
+        # Spelled out rather than getattr(BUFFER_DICT) / STEP_ATTRIBUTE: this runs on every capture call.
+        # `seq_lens + (step + 1)` is upstream's `seq_lens + step + 1` with one tensor operation instead of
+        # two; integer addition is associative (wrap-around included), so the values are identical.
+        backend.decode_cuda_graph_metadata[BUFFER_KEY][:bs].copy_(seq_lens + (backend.speculative_step_id + 1))
     return wrapped(*args, **kwargs)
 
 
@@ -182,6 +187,11 @@ def _is_upstream_copy(statement):
     )
 
 
+def first_line_of(function):
+    """The line a function's code object reports as co_firstlineno."""
+    return min([function.lineno] + [d.lineno for d in function.decorator_list])
+
+
 def _find_method(cls, name):
     for node in cls.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
@@ -193,8 +203,18 @@ def _assigned_names(node):
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
 
 
+def fingerprinted_node(tree):
+    """(node whose fingerprint identifies this source, the target method or None):
+    the target method; where it is gone, its class; without the class, the module."""
+    cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == CLASS_NAME), None)
+    if cls is None:
+        return tree, None
+    method = _find_method(cls, METHOD_NAME)
+    return (method, method) if method is not None else (cls, None)
+
+
 def classify(tree):
-    """Classify the source of ``trtllm_mha_backend`` (an ``ast.Module``)."""
+    """Classify the source of ``trtllm_mha_backend`` (an ``ast.Module``) from its structure."""
     cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == CLASS_NAME), None)
     if cls is None:
         return Classification(Verdict.UNKNOWN, "class %s not found in the module" % CLASS_NAME, of_node(tree))
@@ -210,7 +230,7 @@ def classify(tree):
         return Classification(Verdict.UNKNOWN, "%s.%s not found and no %s either" % (CLASS_NAME, METHOD_NAME, SHARED_BODY_ENTRY), of_node(cls))
 
     fingerprint = of_node(method)
-    first_line = min([method.lineno] + [d.lineno for d in method.decorator_list])
+    first_line = first_line_of(method)
 
     def unknown(reason):
         return Classification(Verdict.UNKNOWN, reason, fingerprint, first_line)
@@ -314,6 +334,8 @@ HOTFIX = Hotfix(
     method_name=METHOD_NAME,
     first_fixed_release="0.5.13",
     classify=classify,
+    fingerprinted_node=fingerprinted_node,
+    first_line_of=first_line_of,
     wrapper=prefill_draft_decode_seqlens,
     known_fingerprints=ReleaseTable("pr26521_releases.json"),
     probe="sglang_hotfix_trtllm.pr26521_probe:probe",

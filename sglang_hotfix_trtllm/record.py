@@ -8,8 +8,41 @@ a second hotfix would be a second record in ``catalog.HOTFIXES``.
 """
 
 import enum
-from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional, Tuple
+
+
+class Value:
+    """A small read-only record, built from positional or keyword fields.
+
+    Not a dataclass on purpose: dataclasses generate and compile code when the
+    class is created, which cost a few milliseconds on the path that runs
+    when SGLang imports its backend (see benchmarks/run.py).
+    """
+
+    __slots__ = ()
+    _defaults = {}
+
+    def __init__(self, *args, **kwargs):
+        values = dict(self._defaults)
+        values.update(zip(self.__slots__, args))
+        values.update(kwargs)
+        unknown = set(values) - set(self.__slots__)
+        missing = [name for name in self.__slots__ if name not in values]
+        if unknown or missing or len(args) > len(self.__slots__):
+            raise TypeError("%s: unknown %s, missing %s" % (type(self).__name__, sorted(unknown), missing))
+        for name in self.__slots__:
+            object.__setattr__(self, name, values[name])
+
+    def __setattr__(self, name, value):
+        raise AttributeError("%s is read-only" % type(self).__name__)
+
+    def __eq__(self, other):
+        return type(self) is type(other) and all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
+
+    def __hash__(self):
+        return hash(tuple(getattr(self, n) for n in self.__slots__))
+
+    def __repr__(self):
+        return "%s(%s)" % (type(self).__name__, ", ".join("%s=%r" % (n, getattr(self, n)) for n in self.__slots__))
 
 
 class Verdict(str, enum.Enum):
@@ -22,47 +55,46 @@ class Verdict(str, enum.Enum):
         return self.value
 
 
-@dataclass(frozen=True)
-class Classification:
-    """A record's judgement of one source file of its target module."""
+class Classification(Value):
+    """A record's judgement of one source file of its target module.
 
-    verdict: Verdict
-    reason: str
-    fingerprint: Optional[str] = None
-    # First line of the target method (decorators included), to check that the
-    # function object about to be wrapped was compiled from the analysed code.
-    method_first_line: Optional[int] = None
+    ``method_first_line``: first line of the target method (decorators
+    included), to check that the function object about to be wrapped was
+    compiled from the analysed code.
+    """
+
+    __slots__ = ("verdict", "reason", "fingerprint", "method_first_line")
+    _defaults = {"fingerprint": None, "method_first_line": None}
 
 
-@dataclass(frozen=True)
-class Hotfix:
-    name: str  # short id, used in logs and JSON
-    upstream: str  # human reference to the upstream fix
-    distribution: str  # distribution that ships the target module
-    module: str
-    class_name: str
-    method_name: str
-    first_fixed_release: str
-    # classify(tree: ast.Module) -> Classification
-    classify: Callable
-    # wrapt wrapper: wrapper(wrapped, instance, args, kwargs)
-    wrapper: Callable
-    # fingerprint -> releases known to have exactly that target method, with their verdict
-    known_fingerprints: Mapping[str, Tuple[Verdict, Tuple[str, ...]]] = field(default_factory=dict)
-    # "module:function" run by `sglang-hotfix-trtllm verify` on the imported
-    # target module: probe(module) -> ProbeReport. Imported only by verify.
-    probe: Optional[str] = None
+class Hotfix(Value):
+    """One hotfix, as data.
+
+    * ``name``: short id used in logs and JSON; ``upstream``: the upstream fix.
+    * ``distribution``: the distribution that ships the target module.
+    * ``module``, ``class_name``, ``method_name``: the target.
+    * ``first_fixed_release``: the first upstream release carrying the fix.
+    * ``classify(tree) -> Classification``: verdict from the code's structure.
+    * ``fingerprinted_node(tree) -> (node, target function node or None)``.
+    * ``first_line_of(function node)``: the co_firstlineno its code will have.
+    * ``wrapper(wrapped, instance, args, kwargs)``: the wrapt wrapper.
+    * ``known_fingerprints``: fingerprint -> (Verdict, releases with that code).
+    * ``probe``: "module:function" run by ``verify`` on the imported target.
+    """
+
+    __slots__ = ("name", "upstream", "distribution", "module", "class_name", "method_name", "first_fixed_release",
+                 "classify", "fingerprinted_node", "first_line_of", "wrapper", "known_fingerprints", "probe")
+    _defaults = {"known_fingerprints": {}, "probe": None}
 
     @property
     def target(self):
         return "%s.%s.%s" % (self.module, self.class_name, self.method_name)
 
 
-@dataclass(frozen=True)
-class ProbeReport:
-    """What `verify` shows: rows of (what, unpatched, patched, upstream) and the verdict."""
 
-    title: str
-    rows: Tuple[Tuple[str, str, str, str], ...]
-    patched_equals_upstream: bool
-    detail: str = ""
+class ProbeReport(Value):
+    """What ``verify`` shows: ``rows`` of (what, unpatched, patched, upstream),
+    whether patched equals upstream, and a line of detail."""
+
+    __slots__ = ("title", "rows", "patched_equals_upstream", "detail")
+    _defaults = {"detail": ""}

@@ -16,25 +16,22 @@ import importlib.util
 import json
 import os
 import sys
-from dataclasses import dataclass
-from typing import Optional
+
+from .record import Value
 
 
-@dataclass(frozen=True)
-class Distribution:
-    """What the package's distribution metadata says, for humans only."""
+class Distribution(Value):
+    """What the distribution metadata says, for humans only: ``version`` is None
+    without metadata; ``install_kind`` is "wheel", "editable" or "unknown"."""
 
-    name: str
-    version: Optional[str]  # None when there is no distribution metadata
-    install_kind: str  # "wheel", "editable", or "unknown"
+    __slots__ = ("name", "version", "install_kind")
 
 
-@dataclass(frozen=True)
-class LocatedSource:
-    module: str
-    path: Optional[str]  # None when the module's file was not found
-    reason: str  # why path is None, or "" when found
-    package_found: bool
+class LocatedSource(Value):
+    """``path`` is None when the module's file was not found, and ``reason``
+    then says why ("" when found)."""
+
+    __slots__ = ("module", "path", "reason", "package_found")
 
 
 def locate(module_name):

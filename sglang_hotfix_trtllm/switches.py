@@ -16,8 +16,8 @@ accepted values, and is read as "off".
 """
 
 import os
-from dataclasses import dataclass
-from typing import FrozenSet, Optional, Tuple
+
+from .record import Value
 
 DISABLE = "SGLANG_HOTFIX_TRTLLM_DISABLE"
 STRICT = "SGLANG_HOTFIX_TRTLLM_STRICT"
@@ -28,14 +28,12 @@ TRUE_VALUES = ("1", "true", "yes", "on")
 FALSE_VALUES = ("", "0", "false", "no", "off")
 
 
-@dataclass(frozen=True)
-class Switches:
-    disabled: bool
-    strict: bool
-    # None: SGLANG_PLUGINS unset or empty (no allowlist); else the names it lists.
-    plugin_allowlist: Optional[FrozenSet[str]]
-    # One message per variable whose value was not understood.
-    problems: Tuple[str, ...]
+class Switches(Value):
+    """``plugin_allowlist`` is None when SGLANG_PLUGINS is unset or empty (no
+    allowlist), else the names it lists; ``problems`` has one message per
+    variable whose value was not understood."""
+
+    __slots__ = ("disabled", "strict", "plugin_allowlist", "problems")
 
     @property
     def excluded_by_sglang_plugins(self):
