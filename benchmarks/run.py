@@ -50,10 +50,12 @@ def callgrind_instructions(python, runs=3):
 
 
 def wall_starts(pythons, runs):
-    """Median wall time of `python -c pass` per interpreter, interleaved."""
+    """Median wall time of `python -c pass` per interpreter, interleaved, the
+    order rotated every round so that none always runs first."""
     times = {p: [] for p in pythons}
-    for _ in range(runs):
-        for python in pythons:
+    for round_ in range(runs):
+        shift = round_ % len(pythons)
+        for python in pythons[shift:] + pythons[:shift]:
             start = time.perf_counter()
             subprocess.run([python, "-c", "pass"], env=clean_env())
             times[python].append(time.perf_counter() - start)
