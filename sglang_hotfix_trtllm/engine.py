@@ -128,13 +128,43 @@ def _is_ours(attribute, hotfix):
     return _wrapper_type is not None and isinstance(attribute, _wrapper_type) and attribute._self_hotfix_name == hotfix.name
 
 
+def _chain(attribute):
+    """The attribute and everything below it through ``__wrapped__``."""
+    seen = set()
+    while attribute is not None and id(attribute) not in seen:
+        seen.add(id(attribute))
+        yield attribute
+        attribute = getattr(attribute, "__wrapped__", None)
+
+
+def _ours_in_chain(attribute, hotfix):
+    """True when our wrapper is the attribute or sits below another wrapper
+    (a wrapper made around our wrapper as seen through the class holds wrapt's
+    bound wrapper, whose ``_self_parent`` is ours)."""
+    return any(_is_ours(a, hotfix) or _is_ours(getattr(a, "_self_parent", None), hotfix) for a in _chain(attribute))
+
+
+def _innermost(attribute):
+    """The function at the bottom of ``__wrapped__`` (functools.wraps, SGLang's
+    HookRegistry), as ``inspect.unwrap`` finds it, without importing inspect."""
+    for attribute in _chain(attribute):
+        pass
+    return attribute
+
+
 def _check_wrappable(hotfix, current, assessment):
-    """The function object about to be wrapped must be the code we analysed."""
-    code = getattr(current, "__code__", None)
-    if not isinstance(current, types.FunctionType) or code is None:
-        return "%s is a %s, not the function SGLang defines (replaced by someone else?)" % (hotfix.target, type(current).__name__)
+    """The function at the bottom of the attribute must be the code we analysed.
+
+    Returns None when it is, else why not. A wrapper that declares what it
+    wraps (``__wrapped__``, as SGLang's HookRegistry does) is accepted: the
+    hotfix then wraps on top of it.
+    """
+    function = _innermost(current)
+    code = getattr(function, "__code__", None)
+    if not isinstance(function, types.FunctionType) or code is None:
+        return "%s is a %s, not the function SGLang defines (replaced by someone else?)" % (hotfix.target, type(function).__name__)
     if code.co_name != hotfix.method_name:
-        return "%s holds function %r (replaced by someone else?)" % (hotfix.target, code.co_name)
+        return "%s holds function %r from %s (replaced by someone else?)" % (hotfix.target, code.co_name, code.co_filename)
     if assessment.source_path and os.path.basename(code.co_filename) != os.path.basename(assessment.source_path):
         return "%s was compiled from %s, not from the analysed %s" % (hotfix.target, code.co_filename, assessment.source_path)
     if assessment.method_first_line is not None and code.co_firstlineno != assessment.method_first_line:
@@ -152,7 +182,7 @@ def wrap(hotfix, module, assessment):
     with _lock:
         cls = getattr(module, hotfix.class_name)
         current = cls.__dict__[hotfix.method_name]
-        if _is_ours(current, hotfix):
+        if _ours_in_chain(current, hotfix):
             return "already"
         problem = _check_wrappable(hotfix, current, assessment)
         if problem:
@@ -186,15 +216,16 @@ def remove_all():
 
 
 def is_patched(hotfix, cls):
-    return _is_ours(cls.__dict__.get(hotfix.method_name), hotfix)
+    """True when the class's method is wrapped by this hotfix, on top or below another wrapper."""
+    return _ours_in_chain(cls.__dict__.get(hotfix.method_name), hotfix)
 
 
 # --------------------------------------------------------------------------
 # The import hook's entry point
 
 
-def _version_text(hotfix):
-    version = source.distribution(hotfix.distribution).version
+def _version_text(hotfix, path):
+    version = source.distribution(hotfix.distribution, path, hotfix.module).version
     return "%s %s" % (hotfix.distribution, version or "(version unknown: no distribution metadata)")
 
 
@@ -233,7 +264,7 @@ def handle(hotfix, module):
         say(
             logging.INFO,
             "not patching %s: upstream already has the fix (%s; %s). This package can be removed: %s",
-            hotfix.target, _version_text(hotfix), assessment.reason, UNINSTALL_HINT,
+            hotfix.target, _version_text(hotfix, path), assessment.reason, UNINSTALL_HINT,
             once_key=("fixed", hotfix.name),
         )
         return "fixed"
@@ -244,7 +275,7 @@ def handle(hotfix, module):
             hotfix, current.strict,
             "not patching %s: code not recognised (%s, %s, fingerprint %s): %s. SGLang runs unpatched; "
             "run `sglang-hotfix-trtllm status` for details" % (
-                hotfix.target, _version_text(hotfix), path, assessment.fingerprint, assessment.reason),
+                hotfix.target, _version_text(hotfix, path), path, assessment.fingerprint, assessment.reason),
         )
         return "refused"
 
@@ -252,13 +283,16 @@ def handle(hotfix, module):
         outcome = wrap(hotfix, module, assessment)
     except Exception as error:
         _refuse(hotfix, current.strict, "could not patch %s (%s, %s): %s: %s; SGLang runs unpatched" % (
-            hotfix.target, _version_text(hotfix), path, type(error).__name__, error))
+            hotfix.target, _version_text(hotfix, path), path, type(error).__name__, error))
         return "refused"
     if outcome == "wrapped":
+        below = getattr(module, hotfix.class_name).__dict__[hotfix.method_name].__wrapped__
+        stacked = "" if not hasattr(below, "__wrapped__") else " (on top of an existing wrapper, %s.%s)" % (
+            getattr(below, "__module__", "?"), getattr(below, "__qualname__", type(below).__name__))
         say(
             logging.INFO,
-            "patched %s (%s, fingerprint %s): draft-decode CUDA-graph capture now fills cache_seqlens as %s does",
-            hotfix.target, _version_text(hotfix), assessment.fingerprint, hotfix.upstream,
+            "patched %s (%s, fingerprint %s): draft-decode CUDA-graph capture now fills cache_seqlens as %s does%s",
+            hotfix.target, _version_text(hotfix, path), assessment.fingerprint, hotfix.upstream, stacked,
             once_key=("patched", hotfix.name),
         )
         return "patched"

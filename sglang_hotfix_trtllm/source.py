@@ -77,23 +77,61 @@ def read_text(path):
         return handle.read()
 
 
-def distribution(name):
-    """Version and install kind from the distribution metadata; never raises."""
+def _editable_root(dist):
+    """The local folder an editable install points to, or None."""
+    try:
+        info = json.loads(dist.read_text("direct_url.json") or "{}")
+    except (ValueError, OSError):
+        return None
+    if not info.get("dir_info", {}).get("editable"):
+        return None
+    url = info.get("url", "")
+    if not url.startswith("file://"):
+        return None
+    from urllib.parse import unquote, urlparse
+
+    return os.path.realpath(unquote(urlparse(url).path))
+
+
+def _owns(dist, source_path, module):
+    """Whether ``dist`` is the installation ``source_path`` belongs to: its
+    metadata sits beside the top-level package, or it is an editable install
+    of the folder holding the source."""
+    depth = module.count(".") + 1
+    parent = os.path.realpath(source_path)
+    for _ in range(depth):
+        parent = os.path.dirname(parent)
+    try:
+        beside = os.path.realpath(str(dist.locate_file(""))) == parent
+    except Exception:
+        beside = False
+    root = _editable_root(dist)
+    return beside or (root is not None and os.path.realpath(source_path).startswith(root + os.sep))
+
+
+def distribution(name, source_path=None, module=None):
+    """Version and install kind from the distribution metadata; never raises.
+
+    With ``source_path`` (of ``module``), only metadata belonging to that
+    installation counts: an environment can hold an SGLang on PYTHONPATH and
+    another in site-packages, and the version of the wrong one would mislead.
+    """
     try:
         from importlib import metadata
 
         dist = metadata.distribution(name)
+        if source_path is not None and not _owns(dist, source_path, module):
+            parent = os.path.realpath(source_path)
+            for _ in range(module.count(".") + 1):
+                parent = os.path.dirname(parent)
+            dist = next(iter(metadata.distributions(name=name, path=[parent])), None)
+            if dist is None:
+                return Distribution(name, None, "unknown")
     except Exception:
         return Distribution(name, None, "unknown")
     try:
         version = dist.version
     except Exception:
         version = None
-    kind = "wheel"
-    try:
-        direct_url = dist.read_text("direct_url.json")
-        if direct_url and json.loads(direct_url).get("dir_info", {}).get("editable"):
-            kind = "editable"
-    except Exception:
-        pass
+    kind = "editable" if _editable_root(dist) is not None else "wheel"
     return Distribution(name, version, kind)

@@ -85,7 +85,8 @@ def would_patch(assessment, current, startup_active, launcher, entry_point, fram
 def of_environment(hotfix):
     """(report dict, exit status) for the installed SGLang."""
     assessment = engine.assess_installed(hotfix)
-    dist = source.distribution(hotfix.distribution)
+    dist = source.distribution(hotfix.distribution, assessment.source_path, hotfix.module) if assessment.source_path \
+        else source.distribution(hotfix.distribution)
     current = switches.read()
     path, active = startup_file()
     launcher = launcher_active()

@@ -1,0 +1,256 @@
+"""The fault matrix: whatever goes wrong, the host keeps running (unless strict
+mode asked otherwise), SGLang's own behaviour is unchanged where the plugin
+stands aside, and the log says what happened. Case names say the fault."""
+
+import json
+import os
+import py_compile
+import subprocess
+import sys
+
+import pytest
+
+import variants
+from conftest import SUPPORT, Ran, clean_env, run_python
+from sglang_hotfix_trtllm import switches
+
+PATCHED, UNPATCHED = "HotfixWrapper", "function"
+DISABLED = {"SGLANG_HOTFIX_TRTLLM_DISABLE": "1"}
+
+
+@pytest.fixture
+def fault(tmp_path):
+    def run(name, *args, env=None, python=sys.executable):
+        return run_python([str(SUPPORT / "fault_scenarios.py"), name] + list(args), cwd=tmp_path, env=env) if python == sys.executable \
+            else Ran(subprocess.run([python, str(SUPPORT / "fault_scenarios.py"), name] + list(args), cwd=tmp_path, env=env,
+                                    capture_output=True, text=True, timeout=600))
+    return run
+
+
+def warnings_of(ran):
+    return [l for l in ran.hotfix_lines() if "WARNING" in l]
+
+
+# --- missing or broken dependencies -----------------------------------------
+
+@pytest.mark.parametrize("stub", ["raise ImportError('simulated: wrapt is not installed')",
+                                  "raise RuntimeError('simulated: wrapt is broken')"], ids=["missing", "failing"])
+def test_wrapt_missing_or_failing_leaves_sglang_unpatched_and_running(scenario, tmp_path, stub):
+    shadow = tmp_path / "shadow" / "wrapt"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text(stub + "\n")
+    ran = scenario("describe", env=clean_env(PYTHONPATH=str(tmp_path / "shadow")))
+    assert ran.returncode == 0, ran
+    assert ran.result["attribute_type"] == UNPATCHED
+    (line,) = warnings_of(ran)
+    assert "could not patch" in line and "simulated" in line and "SGLang runs unpatched" in line
+
+
+def test_wrapt_missing_in_strict_mode_stops_the_import(scenario, tmp_path):
+    shadow = tmp_path / "shadow" / "wrapt"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('simulated: wrapt is not installed')\n")
+    ran = scenario("describe", env=clean_env(PYTHONPATH=str(tmp_path / "shadow"), SGLANG_HOTFIX_TRTLLM_STRICT="1"))
+    assert ran.returncode != 0 and "strict mode" in ran.stderr and "could not patch" in ran.stderr
+
+
+def test_sglang_missing_apply_and_status_are_quiet(tmp_path, bare_python, target_install):
+    code = "import sglang_hotfix_trtllm as h; print('RESULT:' + __import__('json').dumps({'armed': h.apply(), 'removed': h.remove()}))"
+    ran = Ran(subprocess.run([bare_python, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                             env=clean_env(PYTHONPATH=str(target_install)), timeout=60))
+    assert ran.returncode == 0 and ran.result == {"armed": True, "removed": 0} and ran.stderr == ""
+
+
+# --- the backend source -------------------------------------------------------
+
+def test_sourceless_backend_is_refused(scenario, tmp_path, installed_backend_source):
+    folder = tmp_path / "overlay"
+    folder.mkdir()
+    source = tmp_path / "trtllm_mha_backend.py"
+    source.write_text(installed_backend_source)
+    py_compile.compile(str(source), cfile=str(folder / "trtllm_mha_backend.pyc"), doraise=True)
+    ran = scenario("overlay", str(folder))
+    assert ran.returncode == 0, ran
+    assert ran.result["attribute_type"] == UNPATCHED
+    (line,) = warnings_of(ran)
+    assert "not loaded from a .py source" in line
+
+
+def test_source_removed_after_import_is_refused(fault, overlay_dir, installed_backend_source):
+    folder = overlay_dir(installed_backend_source)
+    ran = fault("source_removed_after_import", folder, env=clean_env(**DISABLED))
+    assert ran.returncode == 0, ran
+    assert ran.result["attribute_type"] == UNPATCHED
+    (line,) = warnings_of(ran)
+    assert "code not recognised" in line and "cannot read" in line
+
+
+def test_backend_without_the_method_is_refused(scenario, overlay_dir, installed_backend_source):
+    import ast
+
+    tree = ast.parse(installed_backend_source)
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "TRTLLMHAAttnBackend")
+    cls.body = [n for n in cls.body if getattr(n, "name", None) != "init_forward_metadata_capture_cuda_graph"]
+    ran = scenario("overlay", overlay_dir(ast.unparse(tree)))
+    assert ran.returncode == 0, ran
+    assert ran.result["attribute_type"] is None and ran.result["wrappers_in_class"] == []
+    (line,) = warnings_of(ran)
+    assert "not found" in line
+
+
+def test_method_replaced_by_someone_else_is_left_alone(fault):
+    ran = fault("replaced_by_someone_else", env=clean_env(**DISABLED))
+    assert ran.returncode == 0, ran
+    assert ran.result["still_theirs"] is True
+    (line,) = warnings_of(ran)
+    assert "replaced by someone else" in line and "their_version" in line
+
+
+# --- versions and metadata ---------------------------------------------------
+
+def fake_install(root, backend_text, version):
+    """An SGLang folder with a real backend source and, unless version is None, its metadata."""
+    target = root / "sglang" / "srt" / "layers" / "attention"
+    target.mkdir(parents=True)
+    (root / "sglang" / "__init__.py").write_text("")
+    (target / "trtllm_mha_backend.py").write_text(backend_text)
+    if version is not None:
+        dist = root / ("sglang-%s.dist-info" % version.replace("-", "_"))
+        dist.mkdir()
+        (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: %s\n" % version)
+    return root
+
+
+@pytest.mark.parametrize("version", ["0.5.12.dev0", "0.5.12+cu128", "0.5.12.post1", "0.5.13.dev12+g1a2b3c4", "not-a-version", None])
+def test_odd_or_missing_versions_do_not_change_the_verdict(tmp_path, installed_backend_source, version):
+    root = fake_install(tmp_path / "site", installed_backend_source, version)
+    ran = subprocess.run([sys.executable, "-m", "sglang_hotfix_trtllm", "status", "--json"], capture_output=True, text=True,
+                         cwd=tmp_path, env=clean_env(PYTHONPATH=str(root)), timeout=60)
+    report = json.loads(ran.stdout)
+    assert ran.returncode == 0 and report["verdict"] == "affected"
+    assert report["sglang_version"] == version
+
+
+def test_source_fixed_on_main_with_an_old_version_string_is_fixed(tmp_path, installed_backend_source):
+    root = fake_install(tmp_path / "site", variants.fixed_source_text(installed_backend_source), "0.5.12.dev300+g9f8e7d6")
+    ran = subprocess.run([sys.executable, "-m", "sglang_hotfix_trtllm", "status", "--json"], capture_output=True, text=True,
+                         cwd=tmp_path, env=clean_env(PYTHONPATH=str(root)), timeout=60)
+    assert json.loads(ran.stdout)["verdict"] == "fixed" and ran.returncode == 0
+
+
+# --- environment values -------------------------------------------------------
+
+GARBAGE = ["", " ", "2", "-1", "yes please", "TRUE ", "\u00fc\u00df", "1" * 10000, "0x1", "None", "on;rm -rf /"]
+
+
+@pytest.mark.parametrize("value", GARBAGE, ids=lambda v: repr(v)[:20])
+@pytest.mark.parametrize("variable", [switches.DISABLE, switches.STRICT])
+def test_garbage_in_flags_never_raises_and_is_named(variable, value):
+    read = switches.read({variable: value})
+    understood = value.strip().lower() in switches.TRUE_VALUES + switches.FALSE_VALUES
+    assert (read.problems == ()) == understood
+    if not understood:
+        assert variable in read.problems[0] and "accepted values" in read.problems[0]
+        assert getattr(read, "disabled" if variable == switches.DISABLE else "strict") is False
+
+
+@pytest.mark.parametrize("value", [",", " , ,", "\n", "sglang_hotfix_trtllm ,", "x" * 10000, "os:system"])
+def test_garbage_in_sglang_plugins_is_parsed_as_sglang_does(value):
+    read = switches.read({switches.SGLANG_PLUGINS: value})
+    expected = {name.strip() for name in value.split(",") if name.strip()}
+    assert read.plugin_allowlist == expected
+    assert read.excluded_by_sglang_plugins == (switches.PLUGIN_NAME not in expected)
+
+
+def test_every_variable_garbage_at_once_still_patches(scenario):
+    ran = scenario("describe", env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE="\u00fc", SGLANG_HOTFIX_TRTLLM_STRICT="2",
+                                            SGLANG_PLUGINS="sglang_hotfix_trtllm,,,\t"))
+    assert ran.returncode == 0, ran
+    assert ran.result["attribute_type"] == PATCHED
+    assert len(warnings_of(ran)) == 2
+
+
+# --- import order, re-import, threads ----------------------------------------
+
+def test_module_imported_before_the_hook_is_patched_at_once(fault):
+    ran = fault("imported_before_hook", env=clean_env(**DISABLED))
+    assert ran.result == {"before": UNPATCHED, "after": PATCHED}
+
+
+def test_module_deleted_and_imported_again_is_patched_again(fault):
+    ran = fault("reimported")
+    r = ran.result
+    assert r["distinct"] and r["first"]["attribute_type"] == PATCHED and r["second"]["attribute_type"] == PATCHED
+    assert r["patched_records"] == 2 and r["first_still"] == PATCHED
+
+
+def test_concurrent_imports_wrap_exactly_once(fault):
+    ran = fault("concurrent_imports", "16")
+    assert ran.returncode == 0, ran
+    assert ran.result["errors"] == [] and ran.result["patched_records"] == 1
+    assert ran.result["attribute_type"] == PATCHED and not ran.result["wrapped_is_wrapper"]
+    assert sum("INFO: patched" in l for l in ran.hotfix_lines()) == 1
+
+
+# --- processes ----------------------------------------------------------------
+
+def test_fork_child_keeps_the_one_wrapper(fault):
+    ran = fault("fork_child")
+    assert ran.returncode == 0, ran
+    assert ran.result["child"]["attribute_type"] == PATCHED and not ran.result["child"]["wrapped_is_wrapper"]
+    assert ran.result["child"]["records"] == 1
+
+
+def test_python_dash_S_reads_no_startup_file(scenario, tmp_path):
+    ran = run_python(["-S", "-c", "import sys; print('RESULT:' + __import__('json').dumps({'site': 'site' in sys.modules,"
+                      " 'hook': any(getattr(f, '__module__', '') == 'sglang_hotfix_trtllm_autoload' for f in sys.meta_path)}))"],
+                     cwd=tmp_path)
+    assert ran.result == {"site": False, "hook": False}
+
+
+def test_python_dash_I_is_still_patched(tmp_path):
+    ran = run_python(["-I", str(SUPPORT / "scenarios.py"), "describe"], cwd=tmp_path)
+    assert ran.returncode == 0, ran
+    assert ran.result["attribute_type"] == PATCHED
+
+
+# --- SGLang's HookRegistry -----------------------------------------------------
+
+@pytest.mark.parametrize("order", ["registry-first", "hotfix-first"])
+def test_sglang_hook_registry_on_the_same_method(fault, order):
+    ran = fault("hook_registry", order, env=clean_env(**DISABLED))
+    assert ran.returncode == 0, ran
+    r = ran.result
+    assert r["mismatches"] == [] and r["compared"] == 300 and r["hook_calls"] > 0
+    assert r["unpatched_differs"] == {"draft_decode": 30, "idle_draft_decode": 30}
+    if order == "registry-first":
+        # The hotfix wraps on top of SGLang's wrapper and says so; remove() restores SGLang's wrapper.
+        assert r["top_type"] == PATCHED and r["restored"] == 1
+        assert any("on top of an existing wrapper" in l for l in ran.hotfix_lines())
+    else:
+        # SGLang's wrapper sits on top of ours; remove() cannot unpeel it and says so.
+        assert r["top_type"] == "function" and r["top_file"].endswith("hook_registry.py")
+        assert r["restored"] == 0 and r["patched"] is True and r["after_remove_top_is_same"]
+        assert any("not restoring" in l for l in warnings_of(ran))
+
+
+def test_many_apply_remove_cycles_do_not_grow(fault):
+    ran = fault("cycles_memory", "2000")
+    assert ran.returncode == 0, ran
+    r = ran.result
+    assert r["meta_path_growth"] == 0 and r["records"] == 1 and r["wrapped_is_original"] and r["single_layer"]
+    assert r["growth_bytes"] < 64 * 1024, r
+
+
+# --- security -----------------------------------------------------------------
+
+def test_startup_reads_only_its_documented_variable_writes_nothing_opens_no_socket(tmp_path):
+    ran = run_python(["-S", str(SUPPORT / "fault_scenarios.py"), "audited_startup"], cwd=tmp_path,
+                     env=clean_env(SGLANG_PLUGINS="os:system", SGLANG_HOTFIX_TRTLLM_STRICT="__import__('os').system('x')"))
+    assert ran.returncode == 0, ran
+    r = ran.result
+    assert r["armed"] is True
+    assert r["writes"] == [] and r["other_events"] == []
+    # Of the environment, the startup hook reads only the disable switch.
+    assert r["env_keys"] == ["SGLANG_HOTFIX_TRTLLM_DISABLE"]
+    assert any(path.endswith("sglang_hotfix_trtllm.pth") for path in r["opened"])
