@@ -63,25 +63,37 @@ def assess_source(hotfix, path, text=None):
     try:
         if text is None:
             text = source.read_text(path)
-        tree = ast.parse(text, filename=path)
     except (OSError, UnicodeDecodeError, SyntaxError, ValueError) as error:
-        return result(Verdict.UNKNOWN, "cannot read %s as Python: %s: %s" % (path, type(error).__name__, error))
-    try:
+        return result(Verdict.UNKNOWN, "cannot read %s: %s: %s" % (path, type(error).__name__, error))
+
+    def known(fingerprint, first_line):
         # A fingerprint the release table knows means code identical to a
         # published release's, whose verdict the structural analysis gave when
         # the table was made: no need to analyse it again.
+        verdict, releases = hotfix.known_fingerprints[fingerprint]
+        return result(verdict, "code identical to SGLang %s (%s)" % (_releases_text(releases), verdict),
+                      fingerprint, first_line, releases)
+
+    try:
+        quick = hotfix.target_text(text) if hotfix.target_text is not None else None
+        if quick is not None:
+            snippet, first_line = quick
+            try:
+                function = ast.parse(snippet).body[0]
+            except SyntaxError:
+                function = None  # the quick cut went wrong: the full parse below decides
+            if function is not None:
+                fingerprint = of_node(function)
+                if fingerprint in hotfix.known_fingerprints:
+                    return known(fingerprint, first_line)
+        try:
+            tree = ast.parse(text, filename=path)
+        except (SyntaxError, ValueError) as error:
+            return result(Verdict.UNKNOWN, "cannot read %s as Python: %s: %s" % (path, type(error).__name__, error))
         node, function = hotfix.fingerprinted_node(tree)
         fingerprint = of_node(node)
-        known = hotfix.known_fingerprints.get(fingerprint)
-        if known is not None:
-            verdict, releases = known
-            return result(
-                verdict,
-                "code identical to SGLang %s (%s)" % (_releases_text(releases), verdict),
-                fingerprint,
-                hotfix.first_line_of(function) if function is not None else None,
-                releases,
-            )
+        if fingerprint in hotfix.known_fingerprints:
+            return known(fingerprint, hotfix.first_line_of(function) if function is not None else None)
         classification = hotfix.classify(tree)
     except Exception as error:  # a bug in a record must not take the host down
         return result(Verdict.UNKNOWN, "classifier failed: %s: %s" % (type(error).__name__, error))

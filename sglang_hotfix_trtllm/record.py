@@ -77,14 +77,16 @@ class Hotfix(Value):
     * ``classify(tree) -> Classification``: verdict from the code's structure.
     * ``fingerprinted_node(tree) -> (node, target function node or None)``.
     * ``first_line_of(function node)``: the co_firstlineno its code will have.
+    * ``target_text(text) -> (target function's source at column 0, its first
+      line) or None``: a quick way to the fingerprint, without parsing the module.
     * ``wrapper(wrapped, instance, args, kwargs)``: the wrapt wrapper.
     * ``known_fingerprints``: fingerprint -> (Verdict, releases with that code).
     * ``probe``: "module:function" run by ``verify`` on the imported target.
     """
 
     __slots__ = ("name", "upstream", "distribution", "module", "class_name", "method_name", "first_fixed_release",
-                 "classify", "fingerprinted_node", "first_line_of", "wrapper", "known_fingerprints", "probe")
-    _defaults = {"known_fingerprints": {}, "probe": None}
+                 "classify", "fingerprinted_node", "first_line_of", "target_text", "wrapper", "known_fingerprints", "probe")
+    _defaults = {"known_fingerprints": {}, "probe": None, "target_text": None}
 
     @property
     def target(self):
