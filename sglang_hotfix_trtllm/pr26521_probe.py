@@ -23,15 +23,21 @@ STEP_ID = 1
 MAX_BS = 4
 
 
-def _backend(cls, torch):
-    # A real backend object without its GPU-bound __init__: only the plain
-    # attributes init_cuda_graph_state and the capture method read.
+def backend_without_model_runner(cls, *, device, step_id, max_bs, max_num_tokens, max_context_len, page_size,
+                                  num_draft_tokens):
+    """A real ``TRTLLMHAAttnBackend`` without its GPU- and model-bound ``__init__``.
+
+    Only the plain attributes that ``__init__`` would take from a model runner
+    and that ``init_cuda_graph_state`` and the capture and replay methods read
+    are set by hand; the CUDA-graph buffers then come from SGLang's own
+    ``init_cuda_graph_state``. Also used by the tests and the GPU check.
+    """
     backend = object.__new__(cls)
-    backend.max_context_len = 256
-    backend.page_size = 16
-    backend.device = torch.device("cpu")
-    backend.speculative_step_id = STEP_ID
-    backend.speculative_num_draft_tokens = 2
+    backend.max_context_len = max_context_len
+    backend.page_size = page_size
+    backend.device = device
+    backend.speculative_step_id = step_id
+    backend.speculative_num_draft_tokens = num_draft_tokens
     backend.topk = 1
     backend.use_sliding_window_kv_pool = False
     backend._swa_kv_pool = None
@@ -39,8 +45,13 @@ def _backend(cls, torch):
     backend.target_verify_metadata = {}
     backend.draft_extend_metadata = {}
     backend.forward_metadata = None
-    backend.init_cuda_graph_state(MAX_BS, MAX_BS * 2)
+    backend.init_cuda_graph_state(max_bs, max_num_tokens)
     return backend
+
+
+def _backend(cls, torch):
+    return backend_without_model_runner(cls, device=torch.device("cpu"), step_id=STEP_ID, max_bs=MAX_BS,
+                                        max_num_tokens=MAX_BS * 2, max_context_len=256, page_size=16, num_draft_tokens=2)
 
 
 def _upstream_function(module):

@@ -55,29 +55,20 @@ def import_sglang_backend():
 
 
 def make_draft_backend(backend_module, device):
-    per_step = []
-    for step in range(NUM_STEPS - 1):
-        b = object.__new__(backend_module.TRTLLMHAAttnBackend)
-        b.max_context_len = MAX_CONTEXT
-        b.page_size = PAGE_SIZE
-        b.device = device
-        b.speculative_step_id = step
-        b.speculative_num_draft_tokens = NUM_STEPS
-        b.topk = 1
-        b.use_sliding_window_kv_pool = False
-        b._swa_kv_pool = None
-        b.decode_cuda_graph_metadata = {}
-        b.target_verify_metadata = {}
-        b.draft_extend_metadata = {}
-        b.forward_metadata = None
-        b.req_to_token = None  # set below, shared like SGLang's req_to_token_pool
-        per_step.append(b)
+    """SGLang's multi-step draft backend over one real backend per draft step."""
+    from sglang_hotfix_trtllm.pr26521_probe import backend_without_model_runner
+
     draft = object.__new__(backend_module.TRTLLMHAAttnMultiStepDraftBackend)
     draft.topk = 1
     draft.speculative_num_steps = NUM_STEPS
     draft.page_size = PAGE_SIZE
-    draft.attn_backends = per_step
-    draft.init_cuda_graph_state(MAX_BS, MAX_BS)  # SGLang's own: each step's buffers
+    draft.attn_backends = [
+        backend_without_model_runner(backend_module.TRTLLMHAAttnBackend, device=device, step_id=step, max_bs=MAX_BS,
+                                     max_num_tokens=MAX_BS, max_context_len=MAX_CONTEXT, page_size=PAGE_SIZE,
+                                     num_draft_tokens=NUM_STEPS)
+        for step in range(NUM_STEPS - 1)
+    ]
+    draft.init_cuda_graph_state(MAX_BS, MAX_BS)  # SGLang's own, once more through the multi-step backend
     return draft
 
 

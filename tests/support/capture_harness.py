@@ -1,12 +1,13 @@
 """Drive SGLang's real capture method on CPU and record everything it touched.
 
 The backend object is a real ``TRTLLMHAAttnBackend`` created without its
-GPU-bound ``__init__``; its CUDA-graph buffers come from SGLang's own
-``init_cuda_graph_state``. Only plain attributes that ``__init__`` would set
-from a model runner are filled in by hand.
+GPU-bound ``__init__`` (``backend_without_model_runner``); its CUDA-graph
+buffers come from SGLang's own ``init_cuda_graph_state``.
 """
 
 import torch
+
+from sglang_hotfix_trtllm.pr26521_probe import backend_without_model_runner
 
 SPEC_INFO = object()  # the capture method only tests it against None
 
@@ -17,21 +18,9 @@ NUM_DRAFT_TOKENS = 4
 
 
 def make_backend(cls, step_id):
-    backend = object.__new__(cls)
-    backend.max_context_len = MAX_CONTEXT_LEN
-    backend.page_size = PAGE_SIZE
-    backend.device = torch.device("cpu")
-    backend.speculative_step_id = step_id
-    backend.speculative_num_draft_tokens = NUM_DRAFT_TOKENS
-    backend.topk = 1
-    backend.use_sliding_window_kv_pool = False
-    backend._swa_kv_pool = None
-    backend.decode_cuda_graph_metadata = {}
-    backend.target_verify_metadata = {}
-    backend.draft_extend_metadata = {}
-    backend.forward_metadata = None
-    backend.init_cuda_graph_state(MAX_BS, MAX_BS * NUM_DRAFT_TOKENS)
-    return backend
+    return backend_without_model_runner(
+        cls, device=torch.device("cpu"), step_id=step_id, max_bs=MAX_BS, max_num_tokens=MAX_BS * NUM_DRAFT_TOKENS,
+        max_context_len=MAX_CONTEXT_LEN, page_size=PAGE_SIZE, num_draft_tokens=NUM_DRAFT_TOKENS)
 
 
 def branches(forward_mode_cls):
