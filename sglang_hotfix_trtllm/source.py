@@ -93,16 +93,21 @@ def _editable_root(dist):
     return os.path.realpath(unquote(urlparse(url).path))
 
 
+def install_root(source_path, module):
+    """The folder holding the top-level package of ``module``, whose file is
+    ``source_path`` (for ``a.b.c`` at ``/x/a/b/c.py``: ``/x``)."""
+    root = os.path.realpath(source_path)
+    for _ in range(module.count(".") + 1):
+        root = os.path.dirname(root)
+    return root
+
+
 def _owns(dist, source_path, module):
     """Whether ``dist`` is the installation ``source_path`` belongs to: its
     metadata sits beside the top-level package, or it is an editable install
     of the folder holding the source."""
-    depth = module.count(".") + 1
-    parent = os.path.realpath(source_path)
-    for _ in range(depth):
-        parent = os.path.dirname(parent)
     try:
-        beside = os.path.realpath(str(dist.locate_file(""))) == parent
+        beside = os.path.realpath(str(dist.locate_file(""))) == install_root(source_path, module)
     except Exception:
         beside = False
     root = _editable_root(dist)
@@ -121,10 +126,7 @@ def distribution(name, source_path=None, module=None):
 
         dist = metadata.distribution(name)
         if source_path is not None and not _owns(dist, source_path, module):
-            parent = os.path.realpath(source_path)
-            for _ in range(module.count(".") + 1):
-                parent = os.path.dirname(parent)
-            dist = next(iter(metadata.distributions(name=name, path=[parent])), None)
+            dist = next(iter(metadata.distributions(name=name, path=[install_root(source_path, module)])), None)
             if dist is None:
                 return Distribution(name, None, "unknown")
     except Exception:

@@ -53,13 +53,12 @@ def entry_point_installed():
         return False
 
 
-def sglang_has_plugin_framework(assessment):
+def sglang_has_plugin_framework(hotfix, assessment):
     """SGLang 0.5.11+ ships sglang/srt/plugins: it calls our entry point itself."""
-    path = assessment.source_path
-    if not path:
+    if not assessment.source_path:
         return False
-    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(path))))  # .../sglang
-    return os.path.isfile(os.path.join(package_root, "srt", "plugins", "__init__.py"))
+    root = source.install_root(assessment.source_path, hotfix.module)
+    return os.path.isfile(os.path.join(root, "sglang", "srt", "plugins", "__init__.py"))
 
 
 def would_patch(assessment, current, startup_active, launcher, entry_point, framework):
@@ -91,7 +90,7 @@ def of_environment(hotfix):
     path, active = startup_file()
     launcher = launcher_active()
     entry_point = entry_point_installed()
-    framework = sglang_has_plugin_framework(assessment)
+    framework = sglang_has_plugin_framework(hotfix, assessment)
     patched, why = would_patch(assessment, current, active, launcher, entry_point, framework)
     report = assessment.as_dict()
     report.update(
