@@ -8,17 +8,11 @@ Never imports SGLang, torch or wrapt (a test holds it to that with
 import os
 import site
 
-from . import __version__, engine, source, switches
+from . import __version__, engine, launcher, source, switches
 from .record import Verdict
 
 STARTUP_FILE = "sglang_hotfix_trtllm.pth"
 EXIT_OK, EXIT_UNPROTECTED, EXIT_ERROR = 0, 1, 2
-
-
-def _install_dir():
-    import sglang_hotfix_trtllm_autoload
-
-    return os.path.dirname(os.path.abspath(sglang_hotfix_trtllm_autoload.__file__))
 
 
 def _site_dirs():
@@ -30,7 +24,7 @@ def _site_dirs():
 
 def startup_file():
     """(path or None, active): active when Python reads it at start (a site directory)."""
-    path = os.path.join(_install_dir(), STARTUP_FILE)
+    path = os.path.join(launcher.INSTALL_DIR, STARTUP_FILE)
     if not os.path.isfile(path):
         return None, False
     return path, os.path.realpath(os.path.dirname(path)) in _site_dirs()
@@ -39,7 +33,7 @@ def startup_file():
 def launcher_active(environ=None):
     """True when this process runs under ``sglang-hotfix-trtllm run`` (bootstrap on PYTHONPATH)."""
     environ = os.environ if environ is None else environ
-    bootstrap = os.path.realpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap"))
+    bootstrap = os.path.realpath(launcher.BOOTSTRAP_DIR)
     entries = [e for e in environ.get("PYTHONPATH", "").split(os.pathsep) if e]
     return any(os.path.realpath(e) == bootstrap for e in entries)
 
@@ -61,7 +55,7 @@ def sglang_has_plugin_framework(hotfix, assessment):
     return os.path.isfile(os.path.join(root, "sglang", "srt", "plugins", "__init__.py"))
 
 
-def would_patch(assessment, current, startup_active, launcher, entry_point, framework):
+def would_patch(assessment, current, startup_active, under_launcher, entry_point, framework):
     """(bool, reason) for a Python process started now in this environment."""
     if assessment.verdict is not Verdict.AFFECTED:
         return False, "nothing to patch: the verdict is %s" % assessment.verdict
@@ -71,7 +65,7 @@ def would_patch(assessment, current, startup_active, launcher, entry_point, fram
         return False, "%s is set and does not name %s" % (switches.SGLANG_PLUGINS, switches.PLUGIN_NAME)
     if startup_active:
         return True, "the startup file arms the hook in every Python process of this environment"
-    if launcher:
+    if under_launcher:
         return True, "this process runs under `sglang-hotfix-trtllm run`: its bootstrap arms the hook"
     if entry_point and framework:
         return True, ("the startup file is not active, but SGLang's plugin loader calls the entry point "
@@ -84,24 +78,23 @@ def would_patch(assessment, current, startup_active, launcher, entry_point, fram
 def of_environment(hotfix):
     """(report dict, exit status) for the installed SGLang."""
     assessment = engine.assess_installed(hotfix)
-    dist = source.distribution(hotfix.distribution, assessment.source_path, hotfix.module) if assessment.source_path \
-        else source.distribution(hotfix.distribution)
+    dist = source.distribution(hotfix.distribution, assessment.source_path, hotfix.module)
     current = switches.read()
     path, active = startup_file()
-    launcher = launcher_active()
+    under_launcher = launcher_active()
     entry_point = entry_point_installed()
     framework = sglang_has_plugin_framework(hotfix, assessment)
-    patched, why = would_patch(assessment, current, active, launcher, entry_point, framework)
+    patched, why = would_patch(assessment, current, active, under_launcher, entry_point, framework)
     report = assessment.as_dict()
     report.update(
         {
             "plugin_version": __version__,
-            "plugin_location": _install_dir(),
+            "plugin_location": launcher.INSTALL_DIR,
             "sglang_version": dist.version,
             "sglang_install_kind": dist.install_kind if dist.version is not None else None,
             "startup_file": path,
             "startup_file_active": active,
-            "launcher_active": launcher,
+            "launcher_active": under_launcher,
             "entry_point_installed": entry_point,
             "sglang_plugin_framework": framework,
             "switches": current.as_dict(),
