@@ -2,16 +2,22 @@
 
 Runs from ``sglang_hotfix_trtllm.pth`` (or, where Python implements PEP 829,
 ``sglang_hotfix_trtllm.start``) in *every* Python process of the environment.
-Constraints, kept because each costs start-up time in every process:
+Constraints, kept because each costs start-up time in every process or could
+harm a host that never asked for SGLang:
 
 * Standard library only, and only ``sys`` at module level. ``os`` is imported
-  inside ``install`` (already loaded, so free) rather than kept as a global:
-  a module global holding ``os`` makes interpreter shutdown measurably slower.
+  inside ``switch_on`` (already loaded at start-up, so free).
 * Small: the import hook's real work lives in ``sglang_hotfix_trtllm._import_hook``
   and is imported only when SGLang's TRT-LLM MHA backend is imported.
-* Never raises into the host (strict mode aside, see ``find_spec``).
-* Idempotent: the ``.pth`` may be read twice (a venv whose ``lib64`` links to
-  ``lib``), and the SGLang plugin entry point calls ``install`` again.
+* Never raises into the host (strict mode aside, see ``find_spec``) and never
+  writes to stdout; at most one line on stderr, and only when stderr can take
+  it (``_say``: stderr may be None, closed or a broken pipe).
+* Idempotent, across copies: the ``.pth`` may be read twice (a venv whose
+  ``lib64`` links to ``lib``), the SGLang plugin entry point calls ``install``
+  again, and this module may be reloaded or imported from a second install.
+  Every copy of the finder carries the attribute ``FINDER_MARK``; ``install``
+  arms one only when no marked finder is armed yet, and the import hook skips
+  all marked finders when it asks the others for the real spec.
 
 The finder placed at the front of ``sys.meta_path`` is ``find_spec`` below, a
 function carrying itself as its ``find_spec`` attribute, so no class is built
@@ -29,12 +35,25 @@ STRICT_VARIABLE = "SGLANG_HOTFIX_TRTLLM_STRICT"
 # Read as "on". ``sglang_hotfix_trtllm.switches`` parses the same variables and
 # warns about other values (a test holds both vocabularies equal).
 TRUE_VALUES = ("1", "true", "yes", "on")
+# Set to True on every copy of the finder (see the module docstring).
+FINDER_MARK = "sglang_hotfix_trtllm_finder"
 
 
 def switch_on(variable):
     from os import environ
 
     return environ.get(variable, "").strip().lower() in TRUE_VALUES
+
+
+def _say(message):
+    """One line on stderr when stderr can take it; never raises."""
+    try:
+        stream = sys.stderr
+        if stream is not None:
+            stream.write("sglang-hotfix-trtllm: %s\n" % message)
+            stream.flush()
+    except Exception:
+        pass
 
 
 def _import_hook(subject):
@@ -47,7 +66,7 @@ def _import_hook(subject):
             type(error).__name__, error, subject, DISABLE_VARIABLE)
         if switch_on(STRICT_VARIABLE):
             raise ImportError("sglang-hotfix-trtllm (strict mode): " + message) from error
-        sys.stderr.write("sglang-hotfix-trtllm: %s\n" % message)
+        _say(message)
         return None
     return _import_hook
 
@@ -58,34 +77,44 @@ def find_spec(fullname, path=None, target=None):
     if fullname not in WATCHED_MODULES:
         return None
     hook = _import_hook(fullname)
-    return None if hook is None else hook.find_spec(find_spec, fullname, path, target)
+    return None if hook is None else hook.find_spec(fullname, path, target)
 
 
 find_spec.find_spec = find_spec
+setattr(find_spec, FINDER_MARK, True)
+
+
+def is_finder(candidate):
+    """True for any copy of this module's finder; never raises."""
+    try:
+        return getattr(candidate, FINDER_MARK, None) is True
+    except Exception:
+        return False
 
 
 def install():
     """Arm the hook in this process. Idempotent. Returns False when disabled.
 
-    If a watched module is already imported, it is handed to the engine now.
+    If no copy of the finder was armed yet and a watched module is already
+    imported, it is handed to the engine now.
     """
     if switch_on(DISABLE_VARIABLE):
         return False
-    if find_spec not in sys.meta_path:
+    if not is_installed():
         sys.meta_path.insert(0, find_spec)
         for name in WATCHED_MODULES:
-            if name in sys.modules:
+            module = sys.modules.get(name)
+            if module is not None:
                 hook = _import_hook(name)
                 if hook is not None:
-                    hook.module_executed(sys.modules[name])
+                    hook.module_executed(module, name)
     return True
 
 
 def uninstall():
-    """Disarm the hook: later imports of watched modules are not patched."""
-    while find_spec in sys.meta_path:
-        sys.meta_path.remove(find_spec)
+    """Disarm the hook (every copy of it): later imports of watched modules are not patched."""
+    sys.meta_path[:] = [finder for finder in sys.meta_path if not is_finder(finder)]
 
 
 def is_installed():
-    return find_spec in sys.meta_path
+    return any(is_finder(finder) for finder in sys.meta_path)

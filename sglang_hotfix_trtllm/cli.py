@@ -17,6 +17,7 @@ import os
 import sys
 
 from . import __version__, catalog
+from .record import Verdict
 
 
 def status(arguments):
@@ -29,14 +30,45 @@ def status(arguments):
         report, assessment, code = state.of_environment(hotfix)
 
     if arguments.json:
-        print(json.dumps(report, indent=2, sort_keys=True))
+        text = json.dumps(report, indent=2, sort_keys=True) + "\n"
     else:
         width = max(len(key) for key in report)
-        for key, value in report.items():
-            print("%-*s  %s" % (width, key, value))
+        text = "".join("%-*s  %s\n" % (width, key, value) for key, value in report.items())
     if code == state.EXIT_ERROR:
-        print("sglang-hotfix-trtllm: %s: %s" % (assessment.verdict, assessment.reason), file=sys.stderr)
+        diagnose("%s: %s" % (assessment.verdict, report.get("would_patch_reason") if assessment.verdict is not Verdict.UNKNOWN
+                                else assessment.reason))
+    return _write_result(text, code)
+
+
+def diagnose(message):
+    """One line on stderr, and only there: never on stdout, whatever state
+    stderr is in (``print(file=None)`` would fall back to stdout)."""
+    try:
+        if sys.stderr is not None:
+            sys.stderr.write("sglang-hotfix-trtllm: %s\n" % message)
+            sys.stderr.flush()
+    except Exception:
+        pass
+
+
+def _write_result(text, code):
+    """Write the result to stdout; when its reader has gone (`status | head`),
+    keep the exit status the result had."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _silence_stdout()
     return code
+
+
+def _silence_stdout():
+    # Python flushes stdout again at exit; point it at /dev/null so that flush
+    # does not report the broken pipe a second time.
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except Exception:
+        pass
 
 
 def _parser():
@@ -76,6 +108,6 @@ def main(argv=None):
     arguments = _parser().parse_args(argv)  # exits 2 with usage on bad arguments
     try:
         return arguments.run(arguments)
-    except BrokenPipeError:  # `status | head`: the reader left; not an error of ours
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except BrokenPipeError:  # the reader of stdout left; not an error of ours
+        _silence_stdout()
         return 0

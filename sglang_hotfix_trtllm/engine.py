@@ -16,7 +16,6 @@ import types
 import weakref
 
 from . import catalog, source, switches
-from .fingerprint import of_node
 from .logs import say
 from .record import Value, Verdict
 
@@ -66,38 +65,29 @@ def assess_source(hotfix, path, text=None):
     except (OSError, UnicodeDecodeError, SyntaxError, ValueError) as error:
         return result(Verdict.UNKNOWN, "cannot read %s: %s: %s" % (path, type(error).__name__, error))
 
-    def known(fingerprint, first_line):
-        # A fingerprint the release table knows means code identical to a
-        # published release's, whose verdict the structural analysis gave when
-        # the table was made: no need to analyse it again.
-        verdict, releases = hotfix.known_fingerprints[fingerprint]
-        return result(verdict, "code identical to SGLang %s (%s)" % (_releases_text(releases), verdict),
-                      fingerprint, first_line, releases)
-
     try:
-        quick = hotfix.target_text(text) if hotfix.target_text is not None else None
-        if quick is not None:
-            snippet, first_line = quick
-            try:
-                function = ast.parse(snippet).body[0]
-            except SyntaxError:
-                function = None  # the quick cut went wrong: the full parse below decides
-            if function is not None:
-                fingerprint = of_node(function)
-                if fingerprint in hotfix.known_fingerprints:
-                    return known(fingerprint, first_line)
-        try:
-            tree = ast.parse(text, filename=path)
-        except (SyntaxError, ValueError) as error:
-            return result(Verdict.UNKNOWN, "cannot read %s as Python: %s: %s" % (path, type(error).__name__, error))
-        node, function = hotfix.fingerprinted_node(tree)
-        fingerprint = of_node(node)
-        if fingerprint in hotfix.known_fingerprints:
-            return known(fingerprint, hotfix.first_line_of(function) if function is not None else None)
+        tree = ast.parse(text, filename=path)
+    except (SyntaxError, ValueError) as error:
+        return result(Verdict.UNKNOWN, "cannot read %s as Python: %s: %s" % (path, type(error).__name__, error))
+    try:
+        # Always the full analysis of the live definitions: the release table
+        # only names the releases that share the fingerprint. A method whose
+        # fingerprint a release has can still be dead code (a later definition
+        # wins) or be reached through code the table never saw.
         classification = hotfix.classify(tree)
     except Exception as error:  # a bug in a record must not take the host down
         return result(Verdict.UNKNOWN, "classifier failed: %s: %s" % (type(error).__name__, error))
-    return result(classification.verdict, classification.reason, classification.fingerprint, classification.method_first_line)
+    releases = ()
+    try:
+        known = hotfix.known_fingerprints.get(classification.fingerprint)
+        if known is not None and known[0] is classification.verdict:
+            releases = known[1]
+    except Exception:
+        pass
+    reason = classification.reason
+    if releases:
+        reason = "%s; code identical to SGLang %s" % (reason, _releases_text(releases))
+    return result(classification.verdict, reason, classification.fingerprint, classification.method_first_line, releases)
 
 
 def _releases_text(releases):
@@ -108,12 +98,62 @@ def assess_installed(hotfix):
     """The verdict on the installed distribution, found without importing it."""
     located = source.locate(hotfix.module)
     if located.path is None:
+        if located.module_found:
+            return Assessment(hotfix.name, hotfix.target, Verdict.UNKNOWN,
+                              "cannot analyse %s: %s" % (hotfix.module, located.reason), None, None, ())
         if not located.package_found:
             reason = "%s is not installed in this environment (%s)" % (hotfix.distribution, located.reason)
         else:
             reason = "this %s has no %s module (%s)" % (hotfix.distribution, hotfix.module, located.reason)
         return Assessment(hotfix.name, hotfix.target, Verdict.NOT_APPLICABLE, reason, None, None, ())
     return assess_source(hotfix, located.path)
+
+
+def assess_module(hotfix, module):
+    """The verdict on an imported module, from the file it was loaded from."""
+    path, problem = source.source_file(getattr(getattr(module, "__spec__", None), "origin", None)
+                                       or getattr(module, "__file__", None))
+    if path is None:
+        return Assessment(hotfix.name, hotfix.target, Verdict.UNKNOWN,
+                          "cannot analyse %s: %s" % (hotfix.module, problem), None, None, ())
+    return assess_source(hotfix, path)
+
+
+def wrapt_problem():
+    """None when wrapt imports, else why not. Asked by the import hook before
+    wrapping and by ``status`` before promising protection: one answer."""
+    try:
+        import wrapt  # noqa: F401
+    except Exception as error:
+        return "wrapt cannot be imported (%s: %s); install it: pip install 'wrapt>=1.14'" % (type(error).__name__, error)
+    return None
+
+
+class Decision(Value):
+    """What a process does when the target is imported: ``action`` is one of
+    patch, disabled, excluded, fixed, not-applicable, refuse; ``why`` in words."""
+
+    __slots__ = ("action", "why")
+
+
+def decide(hotfix, assessment, current):
+    """The one decision, made the same way by the import hook (which acts on
+    it) and by ``status`` (which predicts it). Imports wrapt when the verdict is
+    affected and nothing else stands in the way."""
+    if current.disabled:
+        return Decision("disabled", "%s is on" % switches.DISABLE)
+    if current.excluded_by_sglang_plugins:
+        return Decision("excluded", "%s is set and does not name %s" % (switches.SGLANG_PLUGINS, switches.PLUGIN_NAME))
+    if assessment.verdict is Verdict.FIXED:
+        return Decision("fixed", "nothing to patch: the verdict is fixed")
+    if assessment.verdict is Verdict.NOT_APPLICABLE:
+        return Decision("not-applicable", "nothing to patch: the verdict is not-applicable")
+    if assessment.verdict is Verdict.UNKNOWN:
+        return Decision("refuse", "the code is not recognised: %s" % assessment.reason)
+    problem = wrapt_problem()
+    if problem is not None:
+        return Decision("refuse", problem)
+    return Decision("patch", "the verdict is affected and wrapt is available")
 
 
 # --------------------------------------------------------------------------
@@ -256,7 +296,11 @@ def handle(hotfix, module):
         say(logging.WARNING, "%s", problem, once_key=("switch", problem))
     if current.disabled:
         return "disabled"
-    if current.excluded_by_sglang_plugins:
+    assessment = assess_module(hotfix, module)
+    decision = decide(hotfix, assessment, current)
+    path = assessment.source_path
+
+    if decision.action == "excluded":
         say(
             logging.INFO,
             "not patching %s: %s=%r does not name %s (SGLang's plugin allowlist); add it there to enable the hotfix",
@@ -264,15 +308,7 @@ def handle(hotfix, module):
             once_key=("excluded", hotfix.name),
         )
         return "excluded"
-
-    spec = getattr(module, "__spec__", None)
-    path = getattr(spec, "origin", None) or getattr(module, "__file__", None)
-    if not path or not path.endswith(".py"):
-        _refuse(hotfix, current.strict, "cannot patch %s: its module was not loaded from a .py source (%r); running unpatched" % (hotfix.target, path))
-        return "refused"
-    assessment = assess_source(hotfix, path)
-
-    if assessment.verdict is Verdict.FIXED:
+    if decision.action == "fixed":
         say(
             logging.INFO,
             "not patching %s: upstream already has the fix (%s; %s). This package can be removed: %s",
@@ -280,15 +316,20 @@ def handle(hotfix, module):
             once_key=("fixed", hotfix.name),
         )
         return "fixed"
-    if assessment.verdict is Verdict.NOT_APPLICABLE:
+    if decision.action == "not-applicable":
         return "not-applicable"
     if assessment.verdict is Verdict.UNKNOWN:
         _refuse(
             hotfix, current.strict,
             "not patching %s: code not recognised (%s, %s, fingerprint %s): %s. SGLang runs unpatched; "
             "run `sglang-hotfix-trtllm status` for details" % (
-                hotfix.target, _version_text(hotfix, path), path, assessment.fingerprint, assessment.reason),
+                hotfix.target, _version_text(hotfix, path) if path else hotfix.distribution, path or "no source",
+                assessment.fingerprint, assessment.reason),
         )
+        return "refused"
+    if decision.action == "refuse":
+        _refuse(hotfix, current.strict, "could not patch %s (%s, %s): %s; SGLang runs unpatched" % (
+            hotfix.target, _version_text(hotfix, path), path, decision.why))
         return "refused"
 
     try:
@@ -311,12 +352,17 @@ def handle(hotfix, module):
     return outcome
 
 
-def on_module_imported(module):
-    """Called by the import hook right after a watched module executed.
+def on_module_imported(module, name=None):
+    """Called by the import hook right after a watched module executed (or,
+    from ``apply()``, for one found already in ``sys.modules``).
 
-    Never raises, except HotfixError in strict mode.
+    Never raises, except HotfixError in strict mode; anything that is not a
+    module object (``sys.modules[name] = None`` blocks an import) is ignored.
     """
-    for hotfix in catalog.for_module(module.__name__):
+    if not isinstance(module, types.ModuleType):
+        return
+    name = name or getattr(module, "__name__", None)
+    for hotfix in catalog.for_module(name):
         try:
             handle(hotfix, module)
         except HotfixError:

@@ -1,35 +1,58 @@
 """``sglang-hotfix-trtllm run -- COMMAND``: protect a command when the plugin is
 installed outside site-packages (``pip install --target DIR``).
 
-It puts the bootstrap ``sitecustomize`` first on PYTHONPATH and the plugin's
-install folder after it, then replaces itself with COMMAND (so the exit status
-is COMMAND's). Every Python process COMMAND starts inherits PYTHONPATH, spawned
-SGLang schedulers included.
+It puts the bootstrap ``sitecustomize`` folder first on PYTHONPATH and
+changes nothing else: the rest of PYTHONPATH is kept exactly as it was (its
+order, empty entries meaning the current folder), so the command sees the
+``sys.path`` it would see without ``run`` plus that one entry. Then it
+replaces itself with COMMAND (so the exit status is COMMAND's). Every Python
+process COMMAND starts inherits PYTHONPATH, spawned SGLang schedulers
+included. The bootstrap finds this package through the folder it sits in
+when nothing else provides it, appending that folder *last* to ``sys.path``,
+so the image's own packages (its wrapt included) are never shadowed.
 """
 
 import os
 import sys
 
-import sglang_hotfix_trtllm_autoload
-
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
 # The folder holding this package and the startup module (site-packages, or the --target folder).
-INSTALL_DIR = os.path.dirname(os.path.abspath(sglang_hotfix_trtllm_autoload.__file__))
+INSTALL_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def environment(environ):
+    """``environ`` with the bootstrap folder first on PYTHONPATH (unchanged when
+    a bootstrap of this package is on it already: ``run`` inside ``run``)."""
     env = dict(environ)
-    existing = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in (BOOTSTRAP_DIR, INSTALL_DIR)]
-    env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR, INSTALL_DIR] + existing)
+    existing = env.get("PYTHONPATH", "")
+    entries = existing.split(os.pathsep) if existing else []
+    if any(is_bootstrap_dir(entry) for entry in entries):
+        return env
+    env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR] + entries)
     return env
+
+
+def is_bootstrap_dir(path):
+    """True for the bootstrap folder of any install of this package."""
+    if not path:
+        return False
+    path = os.path.abspath(path)
+    return os.path.basename(path) == "bootstrap" and os.path.basename(os.path.dirname(path)) == "sglang_hotfix_trtllm"
 
 
 def run(command):
     if not command:
-        print("sglang-hotfix-trtllm run: no command given (usage: sglang-hotfix-trtllm run -- COMMAND [ARGS...])", file=sys.stderr)
+        _error("no command given (usage: sglang-hotfix-trtllm run -- COMMAND [ARGS...])")
         return 2
     try:
         os.execvpe(command[0], command, environment(os.environ))
     except OSError as error:
-        print("sglang-hotfix-trtllm run: cannot run %s: %s" % (command[0], error.strerror or error), file=sys.stderr)
+        _error("cannot run %s: %s" % (command[0], error.strerror or error))
         return 127 if isinstance(error, FileNotFoundError) else 126
+
+
+def _error(message):
+    try:
+        print("sglang-hotfix-trtllm run: " + message, file=sys.stderr or open(os.devnull, "w"))
+    except Exception:
+        pass

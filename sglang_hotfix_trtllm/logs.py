@@ -1,14 +1,18 @@
 """The ``sglang_hotfix_trtllm`` logger, visible even before the host sets up logging.
 
-Standard library only. SGLang's scheduler and workers import the attention
-backend before they configure logging, so an INFO line sent through an
-unconfigured logging tree would be dropped. When nothing would show our
-records, a stderr handler is attached to our logger alone; when the host has
-configured handlers, our records go to them and we add nothing.
+Standard library only; never raises into the host. SGLang's scheduler and
+workers import the attention backend before they configure logging, so an
+INFO line sent through an unconfigured logging tree would be dropped. Our
+logger therefore carries one handler of its own, ``_FallbackHandler``, which
+writes a record only while no handler above our logger would show it: each
+line appears exactly once whether the host configures logging before or
+after our first line. It writes to whatever ``sys.stderr`` is at that moment,
+and not at all when stderr is None, closed or a broken pipe.
 """
 
 import logging
 import os
+import sys
 
 LOGGER_NAME = "sglang_hotfix_trtllm"
 logger = logging.getLogger(LOGGER_NAME)
@@ -16,22 +20,53 @@ logger = logging.getLogger(LOGGER_NAME)
 _said = set()
 
 
+def _handled_above(record):
+    """True when a handler of an ancestor logger will take this record."""
+    current = logger
+    while current.propagate and current.parent is not None:
+        current = current.parent
+        if any(record.levelno >= handler.level for handler in current.handlers):
+            return True
+    return False
+
+
+class _FallbackHandler(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.setFormatter(logging.Formatter("[%(asctime)s pid=%(process)d] sglang-hotfix-trtllm %(levelname)s: %(message)s"))
+
+    def emit(self, record):
+        try:
+            if _handled_above(record):
+                return
+            stream = sys.stderr
+            if stream is not None:
+                stream.write(self.format(record) + "\n")
+                stream.flush()
+        except Exception:
+            pass  # stderr closed or a broken pipe: the host must not pay for our log line
+
+    def handleError(self, record):
+        pass
+
+
 def _ensure_visible():
     if logger.level == logging.NOTSET:
         logger.setLevel(logging.INFO)
-    if not logger.hasHandlers():
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("[%(asctime)s pid=%(process)d] sglang-hotfix-trtllm %(levelname)s: %(message)s"))
-        logger.addHandler(handler)
+    if not any(isinstance(handler, _FallbackHandler) for handler in logger.handlers):
+        logger.addHandler(_FallbackHandler())
 
 
 def say(level, message, *args, once_key=None):
     """Log ``message``; with ``once_key``, only the first time per process
-    (later repeats go to DEBUG)."""
-    _ensure_visible()
-    if once_key is not None:
-        key = (once_key, os.getpid())
-        if key in _said:
-            level = logging.DEBUG
-        _said.add(key)
-    logger.log(level, message, *args)
+    (later repeats go to DEBUG). Never raises."""
+    try:
+        _ensure_visible()
+        if once_key is not None:
+            key = (once_key, os.getpid())
+            if key in _said:
+                level = logging.DEBUG
+            _said.add(key)
+        logger.log(level, message, *args)
+    except Exception:
+        pass

@@ -74,19 +74,16 @@ class Hotfix(Value):
     * ``distribution``: the distribution that ships the target module.
     * ``module``, ``class_name``, ``method_name``: the target.
     * ``first_fixed_release``: the first upstream release carrying the fix.
-    * ``classify(tree) -> Classification``: verdict from the code's structure.
-    * ``fingerprinted_node(tree) -> (node, target function node or None)``.
-    * ``first_line_of(function node)``: the co_firstlineno its code will have.
-    * ``target_text(text) -> (target function's source at column 0, its first
-      line) or None``: a quick way to the fingerprint, without parsing the module.
+    * ``classify(tree) -> Classification``: verdict from the code's structure
+      (of the live definitions, see ``detect``).
     * ``wrapper(wrapped, instance, args, kwargs)``: the wrapt wrapper.
     * ``known_fingerprints``: fingerprint -> (Verdict, releases with that code).
     * ``probe``: "module:function" run by ``verify`` on the imported target.
     """
 
     __slots__ = ("name", "upstream", "distribution", "module", "class_name", "method_name", "first_fixed_release",
-                 "classify", "fingerprinted_node", "first_line_of", "target_text", "wrapper", "known_fingerprints", "probe")
-    _defaults = {"known_fingerprints": {}, "probe": None, "target_text": None}
+                 "classify", "wrapper", "known_fingerprints", "probe")
+    _defaults = {"known_fingerprints": {}, "probe": None}
 
     @property
     def target(self):

@@ -8,8 +8,9 @@ finder), and the rest of the dotted path is resolved as files below the
 package's search locations. This is how SGLang's official images are covered:
 they install SGLang in editable mode from a source checkout.
 
-Does not cope with: packages served from zip files or by custom loaders that
-have no files on disk; those are reported as "source not found".
+A module found only in a form the analysis cannot read (sourceless ``.pyc``,
+a zip, an extension module) is reported as found but without a source, so
+that callers can say "unknown", as the import hook will.
 """
 
 import importlib.util
@@ -28,45 +29,94 @@ class Distribution(Value):
 
 
 class LocatedSource(Value):
-    """``path`` is None when the module's file was not found, and ``reason``
-    then says why ("" when found)."""
+    """``path`` is the module's ``.py`` file, or None; ``reason`` then says why
+    ("" when found). ``package_found``: the top-level package exists.
+    ``module_found``: the module itself exists, in whatever form (a module
+    found only as ``.pyc``, in a zip or as an extension has ``module_found``
+    True and ``path`` None: the hotfix cannot read it, and will not patch it)."""
 
-    __slots__ = ("module", "path", "reason", "package_found")
+    __slots__ = ("module", "path", "reason", "package_found", "module_found")
+
+
+def source_file(origin):
+    """(path, None) when ``origin`` (a module's ``__spec__.origin``) is a ``.py``
+    file the analysis can read, else (None, why not). The one rule for what is
+    analysable: status and the import hook both ask here."""
+    if not origin or not isinstance(origin, str):
+        return None, "it has no file (origin %r)" % (origin,)
+    if not origin.endswith(".py"):
+        return None, "it is not loaded from a .py source (%s: sourceless .pyc or compiled module?)" % origin
+    if not os.path.isfile(origin):
+        return None, "cannot read its source %s: not a file on disk (inside a zip? removed after import?)" % origin
+    return origin, None
+
+
+class _NamespaceSpec(Value):
+    __slots__ = ("origin", "submodule_search_locations")
+
+
+def _find_submodule(fullname, locations):
+    """The spec ``fullname`` gets from the path-entry finders of ``locations``
+    (``sys.path_hooks``: folders, zips), as ``PathFinder`` would find it, but
+    without needing the parent package in ``sys.modules`` (namespace packages)."""
+    portions = []
+    for entry in locations:
+        finder = sys.path_importer_cache.get(entry)
+        if finder is None:
+            for hook in sys.path_hooks:
+                try:
+                    finder = hook(entry)
+                    break
+                except ImportError:
+                    continue
+        if finder is None or not hasattr(finder, "find_spec"):
+            continue
+        spec = finder.find_spec(fullname)
+        if spec is None:
+            continue
+        if spec.loader is not None:
+            return spec
+        portions.extend(spec.submodule_search_locations or ())
+    return _NamespaceSpec(None, portions) if portions else None
 
 
 def locate(module_name):
-    """Locate ``module_name``'s ``.py`` file without importing any of its packages.
+    """Find ``module_name`` as the import system would, without importing any of
+    its packages: the top-level package through ``sys.meta_path`` (which sees
+    editable installs too), then each submodule with ``PathFinder`` on its
+    parent's search locations (files, zips, namespace packages alike).
 
     If the module is already imported, its own ``__spec__.origin`` is used: that
     is the file that actually ran.
     """
     loaded = sys.modules.get(module_name)
-    origin = getattr(getattr(loaded, "__spec__", None), "origin", None)
-    if origin and os.path.isfile(origin):
-        return LocatedSource(module_name, origin, "", True)
-
-    top, _, rest = module_name.partition(".")
-    try:
-        spec = importlib.util.find_spec(top)
-    except (ImportError, ValueError) as error:
-        return LocatedSource(module_name, None, "cannot look up package %r: %s" % (top, error), False)
+    spec = getattr(loaded, "__spec__", None)
     if spec is None:
-        return LocatedSource(module_name, None, "package %r is not installed" % top, False)
-    locations = list(spec.submodule_search_locations or [])
-    if not locations:
-        return LocatedSource(module_name, None, "%r is a module, not a package" % top, True)
-
-    relative = rest.replace(".", os.sep) + ".py"
-    for location in locations:
-        candidate = os.path.join(location, relative)
-        if os.path.isfile(candidate):
-            return LocatedSource(module_name, candidate, "", True)
-    return LocatedSource(
-        module_name,
-        None,
-        "%s not found under %s" % (relative, os.pathsep.join(locations)),
-        True,
-    )
+        parts = module_name.split(".")
+        try:
+            spec = importlib.util.find_spec(parts[0])
+        except (ImportError, ValueError) as error:
+            return LocatedSource(module_name, None, "cannot look up package %r: %s" % (parts[0], error), False, False)
+        if spec is None:
+            return LocatedSource(module_name, None, "package %r is not installed" % parts[0], False, False)
+        for depth in range(1, len(parts)):
+            locations = list(spec.submodule_search_locations or [])
+            parent = ".".join(parts[:depth])
+            if not locations:
+                return LocatedSource(module_name, None, "%r is a module, not a package" % parent, True, False)
+            try:
+                spec = _find_submodule(".".join(parts[:depth + 1]), locations)
+            except (ImportError, ValueError, OSError) as error:
+                spec = None
+                why = "%s: %s" % (type(error).__name__, error)
+            else:
+                why = "not found under %s" % os.pathsep.join(locations)
+            if spec is None:
+                return LocatedSource(module_name, None, "%s %s" % (".".join(parts[:depth + 1]), why), True, False)
+    path, problem = source_file(getattr(spec, "origin", None))
+    if path is None:
+        return LocatedSource(module_name, None, "%s exists, but %s" % (module_name, problem), True, True)
+    return LocatedSource(module_name, path, "", True, True)
 
 
 def read_text(path):

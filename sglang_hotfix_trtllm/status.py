@@ -1,8 +1,10 @@
 """What ``sglang-hotfix-trtllm status`` reports: the state of this environment,
 read from files and metadata only.
 
-Never imports SGLang, torch or wrapt (a test holds it to that with
-``python -X importtime``), so it is fast and safe on any host.
+Never imports SGLang or torch (a test holds it to that with
+``python -X importtime``), so it is fast and safe on any host. It imports
+wrapt when the verdict is affected, exactly as the import hook will before
+wrapping: a missing or broken wrapt is then reported, not promised away.
 """
 
 import os
@@ -33,9 +35,7 @@ def startup_file():
 def launcher_active(environ=None):
     """True when this process runs under ``sglang-hotfix-trtllm run`` (bootstrap on PYTHONPATH)."""
     environ = os.environ if environ is None else environ
-    bootstrap = os.path.realpath(launcher.BOOTSTRAP_DIR)
-    entries = [e for e in environ.get("PYTHONPATH", "").split(os.pathsep) if e]
-    return any(os.path.realpath(e) == bootstrap for e in entries)
+    return any(launcher.is_bootstrap_dir(e) for e in environ.get("PYTHONPATH", "").split(os.pathsep))
 
 
 def entry_point_installed():
@@ -55,14 +55,12 @@ def sglang_has_plugin_framework(hotfix, assessment):
     return os.path.isfile(os.path.join(root, "sglang", "srt", "plugins", "__init__.py"))
 
 
-def would_patch(assessment, current, startup_active, under_launcher, entry_point, framework):
-    """(bool, reason) for a Python process started now in this environment."""
-    if assessment.verdict is not Verdict.AFFECTED:
-        return False, "nothing to patch: the verdict is %s" % assessment.verdict
-    if current.disabled:
-        return False, "%s is on" % switches.DISABLE
-    if current.excluded_by_sglang_plugins:
-        return False, "%s is set and does not name %s" % (switches.SGLANG_PLUGINS, switches.PLUGIN_NAME)
+def would_patch(decision, startup_active, under_launcher, entry_point, framework):
+    """(bool, reason) for a Python process started now in this environment:
+    the import hook's own decision (``engine.decide``), then whether anything
+    will arm the hook in that process."""
+    if decision.action != "patch":
+        return False, decision.why
     if startup_active:
         return True, "the startup file arms the hook in every Python process of this environment"
     if under_launcher:
@@ -75,16 +73,25 @@ def would_patch(assessment, current, startup_active, under_launcher, entry_point
                    % STARTUP_FILE)
 
 
+def exit_status(assessment, decision, patched):
+    if assessment.verdict is Verdict.UNKNOWN or decision.action == "refuse":
+        return EXIT_ERROR  # the import hook will refuse: an error to fix, not a choice made
+    if assessment.verdict is Verdict.AFFECTED and not patched:
+        return EXIT_UNPROTECTED
+    return EXIT_OK
+
+
 def of_environment(hotfix):
-    """(report dict, exit status) for the installed SGLang."""
+    """(report dict, assessment, exit status) for the installed SGLang."""
     assessment = engine.assess_installed(hotfix)
     dist = source.distribution(hotfix.distribution, assessment.source_path, hotfix.module)
     current = switches.read()
+    decision = engine.decide(hotfix, assessment, current)
     path, active = startup_file()
     under_launcher = launcher_active()
     entry_point = entry_point_installed()
     framework = sglang_has_plugin_framework(hotfix, assessment)
-    patched, why = would_patch(assessment, current, active, under_launcher, entry_point, framework)
+    patched, why = would_patch(decision, active, under_launcher, entry_point, framework)
     report = assessment.as_dict()
     report.update(
         {
@@ -103,13 +110,7 @@ def of_environment(hotfix):
             "would_patch_reason": why,
         }
     )
-    if assessment.verdict is Verdict.UNKNOWN:
-        code = EXIT_ERROR
-    elif assessment.verdict is Verdict.AFFECTED and not patched:
-        code = EXIT_UNPROTECTED
-    else:
-        code = EXIT_OK
-    return report, assessment, code
+    return report, assessment, exit_status(assessment, decision, patched)
 
 
 def of_file(hotfix, path):

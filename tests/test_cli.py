@@ -50,12 +50,14 @@ def test_status_of_unreadable_source_exits_2_with_one_line(tmp_path):
 
 
 def test_status_does_not_import_sglang_or_torch(tmp_path):
+    # It does import wrapt, as the import hook will before wrapping: whether
+    # wrapt imports is part of the answer (see test_status_predicts_faults.py).
     ran = subprocess.run([sys.executable, "-X", "importtime", "-m", "sglang_hotfix_trtllm", "status"],
                          capture_output=True, text=True, env=clean_env(), cwd=tmp_path, timeout=60)
     assert ran.returncode == 0
     imported = [line.split("|")[-1].strip() for line in ran.stderr.splitlines() if line.startswith("import time:")]
     assert "sglang_hotfix_trtllm.status" in imported  # the check can see what it looks for
-    heavy = [m for m in imported if m.split(".")[0] in ("torch", "sglang", "wrapt")]
+    heavy = [m for m in imported if m.split(".")[0] in ("torch", "sglang")]
     assert heavy == []
 
 

@@ -102,22 +102,3 @@ def test_hand_made_variants_of_release(release):
     assert verdict(variants.fixed_source_text(text)) is Verdict.FIXED
     for variant in (variants.with_renamed_key, variants.without_draft_branch, variants.with_extra_write, variants.with_write_after_use):
         assert verdict(variant(text)) is Verdict.UNKNOWN, variant.__name__
-
-
-@pytest.mark.parametrize("release", RELEASES)
-def test_quick_text_cut_agrees_with_the_full_parse(release):
-    """The engine's shortcut to the fingerprint (cutting the method out by lines)
-    must give the full parse's fingerprint and first line, or nothing."""
-    import ast
-
-    from sglang_hotfix_trtllm.fingerprint import of_node
-
-    text = (release_dir(release) / isolated_release.BACKEND).read_text(encoding="utf-8")
-    node, function = pr26521.fingerprinted_node(ast.parse(text))
-    quick = pr26521.target_text(text)
-    if function is None:
-        assert quick is None
-    else:
-        snippet, first_line = quick
-        assert of_node(ast.parse(snippet).body[0]) == of_node(node)
-        assert first_line == pr26521.first_line_of(function)

@@ -1,0 +1,112 @@
+"""Which definition of ``Class.method`` Python will actually run, read from a
+module's AST. Generic: any method-level hotfix record uses these helpers.
+
+Standard library only. Python binds the *last* definition of a name, so a
+module that defines a class twice, or a class body that defines a method
+twice, runs the later one. These helpers return that live definition, and
+refuse (return a problem in words instead) whenever the live binding cannot
+be read off the source with certainty: a binding inside ``if``/``try``/loops,
+a rebinding by assignment or import, a ``global`` statement naming the class,
+a class decorator, an attribute store of the method's name anywhere in the
+module, or the method's name used as a string (``setattr(cls, "name", f)``).
+"""
+
+import ast
+
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _binds_directly(statement, name):
+    """True when a simple statement binds ``name`` in the scope it sits in."""
+    if isinstance(statement, _DEFINITIONS):
+        return statement.name == name
+    if isinstance(statement, (ast.Import, ast.ImportFrom)):
+        return any((alias.asname or alias.name.split(".")[0]) == name for alias in statement.names)
+    return any(isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, (ast.Store, ast.Del))
+               for node in _walk_scope(statement))
+
+
+def _walk_scope(node):
+    """ast.walk that does not enter nested function or class bodies (other scopes)."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        for child in ast.iter_child_nodes(current):
+            if isinstance(child, _DEFINITIONS) and child is not node:
+                yield child  # its name binds here; its body is another scope
+                stack.extend(child.decorator_list)
+                continue
+            stack.append(child)
+
+
+def _nested_bindings(statement, name):
+    """Lines where a compound statement binds ``name`` inside its branches."""
+    lines = []
+    for node in _walk_scope(statement):
+        if node is statement:
+            continue
+        if isinstance(node, _DEFINITIONS + (ast.Import, ast.ImportFrom)) and _binds_directly(node, name):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, (ast.Store, ast.Del)):
+            lines.append(node.lineno)
+    return lines
+
+
+_COMPOUND = (ast.If, ast.Try, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith) + (
+    (ast.Match,) if hasattr(ast, "Match") else ()) + ((ast.TryStar,) if hasattr(ast, "TryStar") else ())
+
+
+def live_definition(body, name, kind):
+    """(node, problem): the definition of ``name`` that is live after ``body``
+    runs, which must be a ``kind`` node (``ast.ClassDef`` or ``ast.FunctionDef``).
+
+    node is None when there is none or it cannot be told with certainty;
+    problem then says why ("" when ``name`` is simply not defined)."""
+    live = None
+    for statement in body:
+        if isinstance(statement, _COMPOUND):
+            nested = _nested_bindings(statement, name)
+            if nested:
+                return None, "%s is bound conditionally (line %d)" % (name, nested[0])
+        elif _binds_directly(statement, name):
+            live = statement
+    if live is None:
+        return None, ""
+    if not isinstance(live, kind) or isinstance(live, ast.AsyncFunctionDef) != (kind is ast.AsyncFunctionDef):
+        return None, "%s is last bound by a %s at line %d, not by its definition" % (name, type(live).__name__, live.lineno)
+    return live, ""
+
+
+def live_class(tree, class_name):
+    """(ClassDef, problem) of the class that module ``tree`` leaves bound to ``class_name``."""
+    cls, problem = live_definition(tree.body, class_name, ast.ClassDef)
+    if cls is None:
+        return None, problem or "class %s not found in the module" % class_name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Global) and class_name in node.names:
+            return None, "a function declares `global %s` (line %d): the class may be rebound at run time" % (class_name, node.lineno)
+    if cls.decorator_list:
+        return None, "class %s has a decorator (line %d), which may replace its methods" % (class_name, cls.decorator_list[0].lineno)
+    return cls, ""
+
+
+def live_method(tree, cls, method_name):
+    """(FunctionDef, problem) of the method the class ``cls`` (in module ``tree``)
+    holds under ``method_name`` at run time; (None, "") when it has none."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == method_name and isinstance(node.ctx, (ast.Store, ast.Del)):
+            return None, "%s is assigned as an attribute at line %d" % (method_name, node.lineno)
+        if isinstance(node, ast.Constant) and node.value == method_name:
+            return None, "the name %s appears as a string at line %d (setattr?)" % (method_name, node.lineno)
+    return live_definition(cls.body, method_name, ast.FunctionDef)
+
+
+def first_line_of(function):
+    """The line a function's code object reports as ``co_firstlineno`` (the
+    first decorator's line, if any)."""
+    return min([function.lineno] + [d.lineno for d in function.decorator_list])
+
+
+def is_docstring(statement):
+    return isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant) and isinstance(statement.value.value, str)
