@@ -102,3 +102,12 @@ def test_hand_made_variants_of_release(release):
     assert verdict(variants.fixed_source_text(text)) is Verdict.FIXED
     for variant in (variants.with_renamed_key, variants.without_draft_branch, variants.with_extra_write, variants.with_write_after_use):
         assert verdict(variant(text)) is Verdict.UNKNOWN, variant.__name__
+    # The live definition decides (Python binds the last one).
+    for live, expected in (("buggy", Verdict.AFFECTED), ("fixed", Verdict.FIXED)):
+        assert verdict(variants.with_method_defined_twice(text, live)) is expected, ("method", live)
+        assert verdict(variants.with_class_defined_twice(text, live)) is expected, ("class", live)
+    for name, rebinding in variants.REBINDINGS.items():
+        assert verdict(rebinding(text)) is Verdict.UNKNOWN, name
+    # Any other write to the buffer, and anything merely similar to upstream's statement.
+    for name, statement in variants.OTHER_WRITES.items():
+        assert verdict(variants.with_extra_write(text, statement)) is Verdict.UNKNOWN, name

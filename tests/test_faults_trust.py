@@ -1,0 +1,426 @@
+"""The fault matrix, continued: the "Trust" promises. Each test names the
+promise it defends; each class of promise has several cases.
+
+1. `status` predicts exactly what a new process does (verdict, would_patch, exit).
+2. The verdict describes the code Python actually runs.
+3. The import hook is re-entrant-safe; odd `sys.modules` states never raise.
+4. Start-up never harms the host; log lines appear exactly once.
+5. `run` is transparent.
+6. The wrapper is invisible to callers.
+7. The CLI's streams and exit statuses hold under stress.
+"""
+
+import ast
+import json
+import os
+import py_compile
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+import variants
+from conftest import SUPPORT, TARGET_RELATIVE, Ran, clean_env, run_python
+from sglang_hotfix_trtllm import pr26521
+from sglang_hotfix_trtllm.record import Verdict
+
+PATCHED = "HotfixWrapper"
+CLI = shutil.which("sglang-hotfix-trtllm", path=os.path.dirname(sys.executable))
+
+
+def fault(name, *args, env=None, cwd):
+    return run_python([str(SUPPORT / "fault_scenarios.py"), name] + list(args), cwd=cwd, env=env)
+
+
+def status_json(env, cwd, *args):
+    ran = subprocess.run([CLI, "status", "--json"] + list(args), capture_output=True, text=True, env=env, cwd=cwd, timeout=60)
+    return json.loads(ran.stdout), ran.returncode, ran.stderr
+
+
+@pytest.fixture
+def sglang_copy(tmp_path, installed_backend_path):
+    """An SGLang install (a tree of links to the installed one) whose backend
+    module is replaced: by other source text, or by a sourceless .pyc."""
+
+    def make(text=None, sourceless=False):
+        root = tmp_path / "sglang_copy"
+        root.mkdir()
+        package = installed_backend_path.parents[3]
+        subprocess.run(["cp", "-rs", str(package), str(root / "sglang")], check=True, timeout=120)
+        backend = root / "sglang" / TARGET_RELATIVE
+        original = backend.read_text(encoding="utf-8")
+        backend.unlink()
+        if sourceless:
+            staging = tmp_path / "staging.py"
+            staging.write_text(text or original, encoding="utf-8")
+            py_compile.compile(str(staging), cfile=str(backend.with_suffix(".pyc")), doraise=True)
+        else:
+            backend.write_text(text, encoding="utf-8")
+        return root
+
+    return make
+
+
+def shadow_wrapt(tmp_path, stub):
+    folder = tmp_path / "shadow"
+    (folder / "wrapt").mkdir(parents=True)
+    (folder / "wrapt" / "__init__.py").write_text(stub + "\n")
+    return str(folder)
+
+
+# --- 1. status predicts what a new process does --------------------------------
+
+def _predicted_vs_actual(tmp_path, env):
+    report, code, _ = status_json(env, tmp_path)
+    ran = fault("describe_or_error", env=env, cwd=tmp_path)
+    assert ran.result is not None, ran
+    lines = ran.hotfix_lines()
+    if any("INFO: patched" in l for l in lines):
+        runtime_verdict = "affected"
+    elif any("upstream already has the fix" in l for l in lines):
+        runtime_verdict = "fixed"
+    elif any("code not recognised" in l for l in lines):
+        runtime_verdict = "unknown"
+    else:
+        runtime_verdict = None  # refused with the verdict affected, or stood aside without a word
+    return report, code, ran.result["attribute_type"] == PATCHED, runtime_verdict, lines
+
+
+CASES = {
+    # name: (environment maker, expected verdict, expected exit status)
+    "nothing_wrong": (lambda t, c, o: {}, "affected", 0),
+    "wrapt_missing": (lambda t, c, o: {"PYTHONPATH": shadow_wrapt(t, "raise ImportError('simulated: no wrapt')")}, "affected", 2),
+    "wrapt_failing": (lambda t, c, o: {"PYTHONPATH": shadow_wrapt(t, "raise RuntimeError('simulated: wrapt broken')")}, "affected", 2),
+    "sourceless_backend": (lambda t, c, o: {"PYTHONPATH": str(c(sourceless=True))}, "unknown", 2),
+    "disabled": (lambda t, c, o: {"SGLANG_HOTFIX_TRTLLM_DISABLE": "1"}, "affected", 1),
+    "excluded_by_sglang_plugins": (lambda t, c, o: {"SGLANG_PLUGINS": "someone_else"}, "affected", 1),
+    "write_through_an_alias": (lambda t, c, o: {"PYTHONPATH": str(c(variants.with_extra_write(
+        o, variants.OTHER_WRITES["alias_of_view"])))}, "unknown", 2),
+    "method_defined_twice_buggy_last": (lambda t, c, o: {"PYTHONPATH": str(c(variants.with_method_defined_twice(
+        o, "buggy")))}, "affected", 0),
+    "class_defined_twice_fixed_last": (lambda t, c, o: {"PYTHONPATH": str(c(variants.with_class_defined_twice(
+        o, "fixed")))}, "fixed", 0),
+    "method_rebound_after_definition": (lambda t, c, o: {"PYTHONPATH": str(c(variants.REBINDINGS["method_rebound_in_class"](
+        o)))}, "unknown", 2),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_status_predicts_what_a_new_process_does(case, tmp_path, sglang_copy, installed_backend_source):
+    """Promise 1: would_patch, the verdict and the exit status are what the import hook then does."""
+    make_env, verdict, exit_status = CASES[case]
+    env = clean_env(**make_env(tmp_path, sglang_copy, installed_backend_source))
+    report, code, patched, runtime_verdict, lines = _predicted_vs_actual(tmp_path, env)
+    assert report["would_patch"] is patched, (report, lines)
+    assert report["verdict"] == verdict and code == exit_status, report
+    if runtime_verdict is not None:
+        assert runtime_verdict == report["verdict"], lines
+    if not patched and verdict == "affected" and exit_status == 2:
+        # Refused at run time: the line says why, and status said the same.
+        assert any("could not patch" in l for l in lines) and "wrapt" in report["would_patch_reason"]
+
+
+def test_status_calls_a_zipped_sglang_unknown(tmp_path, installed_backend_source):
+    """Promise 1: an SGLang served from a zip cannot be read, so the hook refuses: unknown, exit 2."""
+    archive = tmp_path / "sglang.zip"
+    with zipfile.ZipFile(archive, "w") as zipped:
+        for package in ("sglang", "sglang/srt", "sglang/srt/layers", "sglang/srt/layers/attention"):
+            zipped.writestr(package + "/__init__.py", "")
+        zipped.writestr("sglang/" + str(TARGET_RELATIVE), installed_backend_source)
+    report, code, _ = status_json(clean_env(PYTHONPATH=str(archive)), tmp_path)
+    assert report["verdict"] == "unknown" and code == 2 and report["would_patch"] is False
+    assert "not a file on disk" in report["reason"]
+
+
+def test_status_on_a_sourceless_module_names_the_pyc(tmp_path, sglang_copy, installed_backend_source):
+    """Promise 1: the reason names what was found instead of a source."""
+    root = sglang_copy(sourceless=True)
+    report, code, stderr = status_json(clean_env(PYTHONPATH=str(root)), tmp_path)
+    assert code == 2 and "not loaded from a .py source" in report["reason"] and ".pyc" in report["reason"]
+    assert len(stderr.strip().splitlines()) == 1
+
+
+# --- 2. the verdict describes the code Python runs -----------------------------
+
+def classify(text):
+    return pr26521.classify(ast.parse(text))
+
+
+@pytest.mark.parametrize("live, verdict", [("buggy", Verdict.AFFECTED), ("fixed", Verdict.FIXED)])
+def test_a_method_defined_twice_is_judged_by_the_last_definition(installed_backend_source, live, verdict):
+    """Promise 2: Python binds the last `def`; so does the verdict."""
+    assert classify(variants.with_method_defined_twice(installed_backend_source, live)).verdict is verdict
+
+
+@pytest.mark.parametrize("live, verdict", [("buggy", Verdict.AFFECTED), ("fixed", Verdict.FIXED)])
+def test_a_class_defined_twice_is_judged_by_the_last_definition(installed_backend_source, live, verdict):
+    """Promise 2: Python binds the last `class`; so does the verdict."""
+    assert classify(variants.with_class_defined_twice(installed_backend_source, live)).verdict is verdict
+
+
+@pytest.mark.parametrize("rebinding", list(variants.REBINDINGS))
+def test_a_method_or_class_rebound_elsewhere_is_unknown(installed_backend_source, rebinding):
+    """Promise 2: when the live binding cannot be read off the source, nothing is patched."""
+    result = classify(variants.REBINDINGS[rebinding](installed_backend_source))
+    assert result.verdict is Verdict.UNKNOWN, result.reason
+
+
+@pytest.mark.parametrize("route", list(variants.OTHER_WRITES))
+def test_any_other_write_to_the_buffer_is_unknown(installed_backend_source, route):
+    """Promise 2: `affected` means nothing else writes the buffer, by any route;
+    `fixed` means exactly upstream's statement, right after the binding."""
+    result = classify(variants.with_extra_write(installed_backend_source, variants.OTHER_WRITES[route]))
+    assert result.verdict is Verdict.UNKNOWN, result.reason
+
+
+def test_upstream_statement_before_the_binding_is_unknown(installed_backend_source):
+    """Promise 2: upstream's statement anywhere but right after the binding is not `fixed`."""
+    text = variants.with_extra_write(installed_backend_source, pr26521.UPSTREAM_STATEMENT, offset=0)
+    assert classify(text).verdict is Verdict.UNKNOWN
+
+
+def test_a_helper_on_the_path_that_writes_the_buffer_is_unknown(installed_backend_source):
+    """Promise 2: helpers the draft-decode path calls are part of the path."""
+    tree = ast.parse(installed_backend_source)
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "TRTLLMHAAttnBackend")
+    helper = next(n for n in cls.body if getattr(n, "name", None) == "_bind_swa_page_table")
+    helper.body.append(ast.parse("source['cache_seqlens'].fill_(1)").body[0])
+    assert classify(ast.unparse(ast.fix_missing_locations(tree))).verdict is Verdict.UNKNOWN
+
+
+def test_a_buggy_live_method_after_a_fixed_one_is_patched_and_logged_as_such(tmp_path, sglang_copy, installed_backend_source):
+    """Promise 2 at run time: the class holds the second `def`, and that is what is wrapped."""
+    root = sglang_copy(variants.with_method_defined_twice(installed_backend_source, "buggy"))
+    ran = fault("describe_or_error", env=clean_env(PYTHONPATH=str(root)), cwd=tmp_path)
+    assert ran.result["attribute_type"] == PATCHED, ran
+    assert not any("can be removed" in l for l in ran.hotfix_lines())
+
+
+# --- 3. the import hook is re-entrant-safe -------------------------------------
+
+@pytest.mark.parametrize("scenario", ["autoload_reloaded", "modules_purged_then_entry_point", "twin_finders_armed",
+                                      "finder_that_asks_find_spec", "odd_finder_on_meta_path"])
+def test_the_import_hook_never_recurses(scenario, tmp_path):
+    """Promise 3: a reloaded or twin finder, or a finder that asks importlib again, ends in one wrapper."""
+    ran = fault(scenario, cwd=tmp_path)
+    assert ran.returncode == 0, ran
+    assert "error" not in ran.result, ran.result
+    assert ran.result["attribute_type"] == PATCHED and ran.result["records"] == 1 and not ran.result["wrapped_is_wrapper"]
+    assert sum("INFO: patched" in l for l in ran.hotfix_lines()) == 1
+
+
+@pytest.mark.parametrize("state", ["blocked", "object", "dict", "fake_module"])
+def test_odd_sys_modules_states_never_raise(state, tmp_path):
+    """Promise 3: apply(), remove() and the hook with None or a non-module in sys.modules."""
+    ran = fault("odd_sys_modules", state, cwd=tmp_path)
+    assert ran.returncode == 0, ran
+    r = ran.result
+    assert "raised" not in r, r
+    assert r["apply"] is True and r["remove"] == 0 and r["still_odd"]
+    assert r["import"] == ("ModuleNotFoundError" if state == "blocked" else "ok")
+
+
+# --- 4. start-up never harms the host ------------------------------------------
+
+@pytest.fixture(scope="module")
+def stale_pth_python(tmp_path_factory, venv_site_packages):
+    """A venv holding our startup file but not the package: an uninstall that left the .pth behind."""
+    folder = tmp_path_factory.mktemp("stale") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True, timeout=120)
+    python = folder / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    shutil.copy(os.path.join(venv_site_packages, "sglang_hotfix_trtllm.pth"), site)
+    return str(python)
+
+
+def _start(python, stderr_mode, tmp_path, env=None):
+    """Start `python -c print('alive')` with stderr open, closed, or a broken pipe."""
+    code = "print('alive')"
+    env = env or clean_env()
+    if stderr_mode == "closed":
+        completed = subprocess.run(["bash", "-c", 'exec 2>&-; exec "$0" -c "$1"', python, code], capture_output=False,
+                                   stdout=subprocess.PIPE, text=True, env=env, cwd=tmp_path, timeout=60)
+        return completed.returncode, completed.stdout, None
+    if stderr_mode == "broken_pipe":
+        read, write = os.pipe()
+        os.close(read)
+        try:
+            completed = subprocess.run([python, "-c", code], stdout=subprocess.PIPE, stderr=write, text=True, env=env,
+                                       cwd=tmp_path, timeout=60)
+        finally:
+            os.close(write)
+        return completed.returncode, completed.stdout, None
+    completed = subprocess.run([python, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    return completed.returncode, completed.stdout, completed.stderr
+
+
+@pytest.mark.parametrize("stderr_mode", ["open", "closed", "broken_pipe"])
+def test_a_stale_startup_file_never_stops_python_or_writes_to_stdout(stale_pth_python, tmp_path, stderr_mode):
+    """Promise 4: package removed, .pth left behind: Python starts, stdout holds only the program's output."""
+    code, stdout, stderr = _start(stale_pth_python, stderr_mode, tmp_path)
+    assert code == 0 and stdout == "alive\n"
+    if stderr is not None:
+        assert len(stderr.strip().splitlines()) == 1 and "startup hook failed" in stderr
+
+
+@pytest.mark.parametrize("stderr_mode", ["closed", "broken_pipe"])
+@pytest.mark.parametrize("damage", ["raises", "syntax_error"])
+def test_a_corrupt_startup_module_never_stops_python(tmp_path, stderr_mode, damage):
+    """Promise 4: the startup module itself broken, stderr unusable: Python starts, stdout clean."""
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    body = "raise ImportError('simulated broken install')\n" if damage == "raises" else "def (:\n"
+    (shadow / "sglang_hotfix_trtllm_autoload.py").write_text(body)
+    code, stdout, _ = _start(sys.executable, stderr_mode, tmp_path, env=clean_env(PYTHONPATH=str(shadow)))
+    assert code == 0 and stdout == "alive\n"
+
+
+def test_a_broken_package_with_stderr_none_does_not_fail_sglangs_import(tmp_path):
+    """Promise 4: the engine cannot load and sys.stderr is None: SGLang's import still succeeds."""
+    shadow = tmp_path / "shadow" / "sglang_hotfix_trtllm"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise RuntimeError('simulated partial install')\n")
+    ran = fault("import_with_stderr_none", env=clean_env(PYTHONPATH=str(tmp_path / "shadow")), cwd=tmp_path)
+    assert ran.returncode == 0 and "error" not in ran.result, ran
+    assert ran.result["attribute_type"] == "function"
+
+
+def test_the_hotfix_with_stderr_none_patches_silently(tmp_path):
+    """Promise 4: nothing to write to is not a reason to fail or to skip the patch."""
+    ran = fault("import_with_stderr_none", cwd=tmp_path)
+    assert ran.returncode == 0 and ran.result["attribute_type"] == PATCHED, ran
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_log_lines_appear_exactly_once_whenever_the_host_configures_logging(tmp_path, when):
+    """Promise 4: no line lost, none doubled, whether logging is configured before or after our first line."""
+    ran = fault("logging_configured", when, cwd=tmp_path)
+    assert ran.returncode == 0, ran
+    patched = [l for l in ran.stderr.splitlines() if "INFO: patched" in l]
+    removed = [l for l in ran.stderr.splitlines() if "INFO: removed" in l]
+    assert len(patched) == 1 and len(removed) == 1, ran
+    assert removed[0].startswith("HOST ")  # after the host's set-up, the host's handler shows our lines
+    assert patched[0].startswith("HOST ") == (when == "before")
+
+
+# --- 5. run is transparent -------------------------------------------------------
+
+PROBE = "import json, os, sys; print('RESULT:' + json.dumps({'path': sys.path, 'env': dict(os.environ)}))"
+
+
+def _probe(tmp_path, env, *launcher):
+    completed = subprocess.run(list(launcher) + [sys.executable, "-c", PROBE], capture_output=True, text=True, env=env,
+                               cwd=tmp_path, timeout=120)
+    return Ran(completed)
+
+
+def _bootstrap_entries(paths):
+    return [p for p in paths if p.endswith(os.path.join("sglang_hotfix_trtllm", "bootstrap"))]
+
+
+@pytest.mark.parametrize("pythonpath", ["", "{a}", "{a}::{b}", ":{a}"], ids=["unset", "one", "with-empty-entry", "leading-empty"])
+def test_run_adds_only_its_bootstrap_entry_to_sys_path(tmp_path, pythonpath):
+    """Promise 5: the command's sys.path is the one it has without `run`, plus the bootstrap first."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    value = pythonpath.format(a=tmp_path / "a", b=tmp_path / "b")
+    env = clean_env(**({"PYTHONPATH": value} if value else {}))
+    plain = _probe(tmp_path, env)
+    under_run = _probe(tmp_path, env, CLI, "run", "--")
+    assert plain.returncode == under_run.returncode == 0, under_run
+    bootstrap = _bootstrap_entries(under_run.result["path"])
+    assert len(bootstrap) == 1
+    assert [p for p in under_run.result["path"] if p not in bootstrap] == plain.result["path"]
+    assert under_run.result["path"].index(bootstrap[0]) == 1  # right after the script's folder, as PYTHONPATH's first
+
+
+def test_run_changes_no_other_environment_variable(tmp_path):
+    """Promise 5: only PYTHONPATH differs, and only by the bootstrap entry."""
+    env = clean_env(PYTHONPATH=str(tmp_path), SOMETHING="kept")
+    plain, under_run = _probe(tmp_path, env), _probe(tmp_path, env, CLI, "run", "--")
+    a, b = plain.result["env"], under_run.result["env"]
+    assert {k for k in set(a) | set(b) if a.get(k) != b.get(k)} == {"PYTHONPATH"}
+    assert b["PYTHONPATH"].split(os.pathsep)[1:] == a["PYTHONPATH"].split(os.pathsep)
+
+
+@pytest.fixture
+def image_sitecustomize(tmp_path):
+    folder = tmp_path / "image"
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text("import sys\nsys.stderr.write('image sitecustomize ran\\n')\n")
+    return folder
+
+
+def test_nested_run_chains_the_images_sitecustomize_once(tmp_path, image_sitecustomize):
+    """Promise 5: `run` inside `run`: one bootstrap on PYTHONPATH, the image's sitecustomize once per process."""
+    env = clean_env(PYTHONPATH=str(image_sitecustomize))
+    ran = _probe(tmp_path, env, CLI, "run", "--", sys.executable, "-m", "sglang_hotfix_trtllm", "run", "--")
+    assert ran.returncode == 0, ran
+    assert len(_bootstrap_entries(ran.result["path"])) == 1
+    # Once per Python process: the outer `run`, the inner `run`, the command.
+    assert ran.stderr.count("image sitecustomize ran") == 3, ran
+
+
+def test_two_installs_bootstraps_chain_the_images_sitecustomize_once(tmp_path, image_sitecustomize, target_install):
+    """Promise 5: a --target install's bootstrap already on PYTHONPATH plus `run` from site-packages: no recursion."""
+    other = target_install / "sglang_hotfix_trtllm" / "bootstrap"
+    env = clean_env(PYTHONPATH=os.pathsep.join([str(other), str(image_sitecustomize)]))
+    ran = _probe(tmp_path, env)
+    assert ran.returncode == 0, ran
+    assert ran.stderr.count("image sitecustomize ran") == 1, ran
+    second = subprocess.run([sys.executable, "-c", "import sglang_hotfix_trtllm.bootstrap.sitecustomize, sitecustomize;"
+                             "print('RESULT:' + __import__('json').dumps(sitecustomize.__file__))"],
+                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert second.returncode == 0 and second.stderr.count("image sitecustomize ran") == 1, second.stderr
+
+
+# --- 6. the wrapper is invisible to callers ---------------------------------------
+
+def test_every_call_shape_equals_the_upstream_fix(tmp_path):
+    """Promise 6: positional, keyword, self by keyword, partial, MethodType, super(): all as upstream's fix."""
+    ran = fault("call_shapes", cwd=tmp_path)
+    assert ran.returncode == 0, ran
+    assert ran.result["patched"] == PATCHED and ran.result["calls"] == 48
+    assert ran.result["shapes"] == {shape: 0 for shape in ran.result["shapes"]} and len(ran.result["shapes"]) == 8
+
+
+def test_rejected_calls_raise_the_same_type_error_without_writing(tmp_path):
+    """Promise 6: a call the original rejects raises its TypeError, and the buffer stays untouched."""
+    ran = fault("rejected_calls", cwd=tmp_path)
+    assert ran.returncode == 0, ran
+    assert len(ran.result) == 5
+    for name, outcome in ran.result.items():
+        patched, original = outcome["messages"]
+        assert patched is not None and patched == original, (name, outcome)
+        assert outcome["buffer_sums"] == [0, 0], (name, outcome)
+
+
+# --- 7. the CLI's streams and exit statuses --------------------------------------
+
+@pytest.mark.parametrize("switches, expected", [({}, 0), ({"SGLANG_HOTFIX_TRTLLM_DISABLE": "1"}, 1)])
+def test_status_piped_into_head_keeps_its_exit_status(tmp_path, switches, expected):
+    """Promise 7: `status | head -1` under pipefail reports status's own exit status, no traceback."""
+    env = clean_env(**switches)
+    ran = subprocess.run(["bash", "-c", 'set -o pipefail; "$0" status | head -c 1 >/dev/null', CLI], capture_output=True,
+                         text=True, env=env, cwd=tmp_path, timeout=60)
+    assert ran.returncode == expected and "Traceback" not in ran.stderr and "Exception" not in ran.stderr, ran.stderr
+
+
+@pytest.mark.parametrize("case", ["unknown_code", "garbage_switches", "wrapt_missing"])
+def test_status_json_with_stderr_closed_is_only_json(tmp_path, case, installed_backend_source):
+    """Promise 7: with fd 2 closed, nothing but the JSON document reaches stdout."""
+    if case == "unknown_code":
+        path = tmp_path / "trtllm_mha_backend.py"
+        path.write_text(variants.with_renamed_key(installed_backend_source))
+        args, env = ["--source", str(path)], clean_env()
+    elif case == "garbage_switches":
+        args, env = [], clean_env(SGLANG_HOTFIX_TRTLLM_STRICT="maybe")
+    else:
+        args, env = [], clean_env(PYTHONPATH=shadow_wrapt(tmp_path, "raise ImportError('simulated: no wrapt')"))
+    ran = subprocess.run(["bash", "-c", 'exec 2>&-; exec "$0" status --json "$@"', CLI] + args, stdout=subprocess.PIPE,
+                         text=True, env=env, cwd=tmp_path, timeout=60)
+    report = json.loads(ran.stdout)  # raises if anything else is there
+    assert ran.returncode == (0 if case == "garbage_switches" else 2), report
