@@ -9,6 +9,7 @@ and ``pip uninstall`` removes them.
 """
 
 import os
+import shutil
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
@@ -18,6 +19,11 @@ STARTUP_FILES = ("sglang_hotfix_trtllm.pth", "sglang_hotfix_trtllm.start")
 
 class BuildPyWithStartupFiles(build_py):
     def run(self):
+        # A build/ folder left from an earlier build would ship modules deleted
+        # since: the wheel must hold what the checkout holds, nothing more.
+        for name in os.listdir(self.build_lib) if os.path.isdir(self.build_lib) else ():
+            path = os.path.join(self.build_lib, name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
         super().run()
         for name in STARTUP_FILES:
             self.copy_file(name, os.path.join(self.build_lib, name))

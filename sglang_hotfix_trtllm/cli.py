@@ -1,14 +1,15 @@
 """Operator command line (``sglang-hotfix-trtllm`` or ``python -m sglang_hotfix_trtllm``).
 
-* ``status [--json] [--source PATH]``: never imports SGLang or torch. Exit 0
-  protected or nothing to do; 1 affected but a process started now would not
-  be patched; 2 unknown, unreadable source.
+* ``status [--json] [--source PATH]``: never imports SGLang or torch.
 * ``verify``: imports SGLang's backend on CPU and compares patched, unpatched
   and upstream-fixed capture (see ``verify``).
 * ``run -- COMMAND``: run COMMAND with the hotfix loaded in it and its Python
   children, for installs outside site-packages (see ``launcher``).
 
-Bad arguments: usage on stderr, exit 2.
+Conventions, as pip's and opentelemetry-instrument's: stdout holds only the
+result; every error and diagnostic goes to stderr, and nowhere when stderr is
+closed; each verb's ``--help`` lists its exit statuses and the variables it
+reads. Bad arguments: usage on stderr, exit 2.
 """
 
 import argparse
@@ -19,25 +20,30 @@ import sys
 from . import __version__, catalog
 from .record import Verdict
 
+SWITCHES_HELP = """environment variables read:
+  SGLANG_HOTFIX_TRTLLM_DISABLE=1   the hotfix does nothing
+  SGLANG_HOTFIX_TRTLLM_STRICT=1    an import the hotfix cannot patch is stopped
+  SGLANG_PLUGINS=a,b               SGLang's plugin allowlist; without sglang_hotfix_trtllm the hotfix stands aside"""
 
-def status(arguments):
-    from . import status as state
+STATUS_HELP = """exit status:
+  0  protected, or nothing to do (fixed, not-applicable)
+  1  affected, but a Python process started now would run it unpatched (disabled, excluded, no loader)
+  2  the hotfix would refuse: unknown code, or wrapt missing or broken
+  3  --source names a path that cannot be examined (missing, no backend file in it, unreadable)
 
-    hotfix = catalog.HOTFIXES[0]
-    if arguments.source:
-        report, assessment, code = state.of_file(hotfix, arguments.source)
-    else:
-        report, assessment, code = state.of_environment(hotfix)
+""" + SWITCHES_HELP
 
-    if arguments.json:
-        text = json.dumps(report, indent=2, sort_keys=True) + "\n"
-    else:
-        width = max(len(key) for key in report)
-        text = "".join("%-*s  %s\n" % (width, key, value) for key, value in report.items())
-    if code == state.EXIT_ERROR:
-        diagnose("%s: %s" % (assessment.verdict, report.get("would_patch_reason") if assessment.verdict is not Verdict.UNKNOWN
-                                else assessment.reason))
-    return _write_result(text, code)
+VERIFY_HELP = """exit status:
+  0  the patched method equals upstream's fix, or there is nothing to verify (fixed, not-applicable)
+  1  it does not
+  2  torch or SGLang cannot be imported, the code is unknown, or the probe failed
+
+""" + SWITCHES_HELP
+
+RUN_HELP = """exit status: the command's; 126 or 127 when it cannot be started; 2 without a command.
+
+environment: PYTHONPATH is handed on with the bootstrap folder first; the variables
+above are read by the hotfix inside the command's Python processes."""
 
 
 def diagnose(message):
@@ -71,30 +77,53 @@ def _silence_stdout():
         pass
 
 
-def _parser():
-    parser = argparse.ArgumentParser(
-        prog="sglang-hotfix-trtllm",
-        description="Hotfix for SGLang's TRT-LLM MHA draft-decode CUDA-graph capture (upstream PR #26521).",
-    )
-    parser.add_argument("--version", action="version", version="%(prog)s " + __version__)
-    verbs = parser.add_subparsers(dest="verb", required=True)
-    status_parser = verbs.add_parser("status", help="verdict on the installed SGLang and whether a new process would be patched")
-    status_parser.add_argument("--json", action="store_true", help="print one JSON object")
-    status_parser.add_argument("--source", metavar="PATH", help="classify this trtllm_mha_backend.py instead of the installed one")
-    status_parser.set_defaults(run=status)
-    verify_parser = verbs.add_parser("verify", help="run the fix on the installed SGLang on CPU and compare with upstream's")
-    verify_parser.set_defaults(run=verify)
-    run_parser = verbs.add_parser("run", help="run COMMAND with the hotfix loaded (installs outside site-packages)",
-                                  usage="%(prog)s -- COMMAND [ARGS...]")
-    run_parser.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
-    run_parser.set_defaults(run=launch)
-    return parser
+def _human(report, code, state):
+    lines = [state.headline(report, code), ""] if "would_patch" in report else []
+    width = max(len(key) for key in report)
+    lines += ["%-*s  %s" % (width, key, state.readable(value)) for key, value in report.items() if key != "format_version"]
+    return "\n".join(lines) + "\n"
+
+
+def status(arguments):
+    from . import status as state
+
+    texts, worst = [], state.EXIT_OK
+    for hotfix in catalog.HOTFIXES:
+        if arguments.source:
+            try:
+                tree, assessments, code = state.of_tree(hotfix, arguments.source)
+            except state.PathProblem as problem:
+                diagnose("status --source: %s" % problem)
+                return state.EXIT_BAD_PATH
+            single = os.path.isfile(arguments.source)
+            report = dict(tree["sources"][0], format_version=state.FORMAT_VERSION) if single else tree
+            if code == state.EXIT_ERROR:
+                for assessment in assessments:
+                    if assessment.verdict is Verdict.UNKNOWN:
+                        diagnose("%s: %s: %s" % (assessment.source_path, assessment.verdict, assessment.reason))
+            if arguments.json:
+                texts.append(json.dumps(report, indent=2, sort_keys=True) + "\n")
+            else:
+                sources = [report] if single else report["sources"]
+                texts.append("".join(_human(r, code, state) + ("\n" if len(sources) > 1 else "") for r in sources))
+        else:
+            report, assessment, code = state.of_environment(hotfix)
+            if code == state.EXIT_ERROR:
+                diagnose("%s: %s" % (assessment.verdict, report["would_patch_reason"] if assessment.verdict is not Verdict.UNKNOWN
+                                     else assessment.reason))
+            texts.append(json.dumps(report, indent=2, sort_keys=True) + "\n" if arguments.json else _human(report, code, state))
+        worst = max(worst, code)
+    return _write_result("".join(texts), worst)
 
 
 def verify(arguments):
     from . import verify as verifying
 
-    return verifying.verify(catalog.HOTFIXES[0], print)
+    worst = 0
+    for hotfix in catalog.HOTFIXES:
+        if hotfix.probe is not None:
+            worst = max(worst, verifying.verify(hotfix, print, diagnose))
+    return worst
 
 
 def launch(arguments):
@@ -102,6 +131,38 @@ def launch(arguments):
 
     command = arguments.command[1:] if arguments.command[:1] == ["--"] else arguments.command
     return launcher.run(command)
+
+
+def _parser():
+    summary = "; ".join("%s (%s)" % (h.summary, h.upstream) for h in catalog.HOTFIXES)
+    parser = argparse.ArgumentParser(
+        prog="sglang-hotfix-trtllm", description="Hotfixes for installed SGLang releases: %s." % summary,
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=SWITCHES_HELP)
+    parser.add_argument("-V", "--version", action="version", version="%(prog)s " + __version__)
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="{status,verify,run}")
+    status_parser = verbs.add_parser(
+        "status", help="verdict on the installed SGLang and whether a new process would be patched",
+        description="Read the installed SGLang's source (never importing SGLang or torch) and say what a Python process "
+                    "started now would do: the verdict, and whether it would be patched.",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=STATUS_HELP)
+    status_parser.add_argument("--json", action="store_true", help="print one JSON object (with a format_version key)")
+    status_parser.add_argument("--source", metavar="PATH",
+                               help="classify this trtllm_mha_backend.py, or every one under this folder, instead of the installed one")
+    status_parser.set_defaults(run=status)
+    verify_parser = verbs.add_parser(
+        "verify", help="run the fix on the installed SGLang on CPU and compare with upstream's",
+        description="Import the installed SGLang's backend on CPU and run the patched method, the unpatched one and "
+                    "upstream's fix side by side on small inputs.",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=VERIFY_HELP)
+    verify_parser.set_defaults(run=verify)
+    run_parser = verbs.add_parser(
+        "run", help="run COMMAND with the hotfix loaded (installs outside site-packages)", usage="%(prog)s -- COMMAND [ARGS...]",
+        description="Run COMMAND with the hotfix armed in it and in every Python process it starts, for a plugin "
+                    "installed with `pip install --target DIR` where no .pth file is read.",
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=RUN_HELP)
+    run_parser.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
+    run_parser.set_defaults(run=launch)
+    return parser
 
 
 def main(argv=None):

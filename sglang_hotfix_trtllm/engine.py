@@ -281,8 +281,14 @@ def _version_text(hotfix, path):
     return "%s %s" % (hotfix.distribution, version or "(version unknown: no distribution metadata)")
 
 
+RUNS_UNPATCHED = "SGLang runs unpatched"
+
+
 def _refuse(hotfix, strict, message):
+    """Warn that SGLang runs unpatched; in strict mode, stop the import instead
+    (and say so: the message must not promise that SGLang runs)."""
     if strict:
+        message = message.replace(RUNS_UNPATCHED, "the import of %s is stopped" % hotfix.module)
         raise HotfixError("sglang-hotfix-trtllm (strict mode, %s=1): %s" % (switches.STRICT, message))
     say(logging.WARNING, "%s", message, once_key=("refused", hotfix.name))
 
@@ -301,8 +307,9 @@ def handle(hotfix, module):
     path = assessment.source_path
 
     if decision.action == "excluded":
+        # A known bug left unpatched by the allowlist deserves a WARNING; elsewhere it is only information.
         say(
-            logging.INFO,
+            logging.WARNING if assessment.verdict is Verdict.AFFECTED else logging.INFO,
             "not patching %s: %s=%r does not name %s (SGLang's plugin allowlist); add it there to enable the hotfix",
             hotfix.target, switches.SGLANG_PLUGINS, os.environ.get(switches.SGLANG_PLUGINS), switches.PLUGIN_NAME,
             once_key=("excluded", hotfix.name),
@@ -321,22 +328,21 @@ def handle(hotfix, module):
     if assessment.verdict is Verdict.UNKNOWN:
         _refuse(
             hotfix, current.strict,
-            "not patching %s: code not recognised (%s, %s, fingerprint %s): %s. SGLang runs unpatched; "
-            "run `sglang-hotfix-trtllm status` for details" % (
-                hotfix.target, _version_text(hotfix, path) if path else hotfix.distribution, path or "no source",
-                assessment.fingerprint, assessment.reason),
+            "not patching %s: code not recognised (%s, %s, fingerprint %s): %s. %s; run `sglang-hotfix-trtllm status` "
+            "for details" % (hotfix.target, _version_text(hotfix, path) if path else hotfix.distribution,
+                             path or "no source", assessment.fingerprint, assessment.reason, RUNS_UNPATCHED),
         )
         return "refused"
     if decision.action == "refuse":
-        _refuse(hotfix, current.strict, "could not patch %s (%s, %s): %s; SGLang runs unpatched" % (
-            hotfix.target, _version_text(hotfix, path), path, decision.why))
+        _refuse(hotfix, current.strict, "could not patch %s (%s, %s): %s; " % (
+            hotfix.target, _version_text(hotfix, path), path, decision.why) + RUNS_UNPATCHED)
         return "refused"
 
     try:
         outcome = wrap(hotfix, module, assessment)
     except Exception as error:
-        _refuse(hotfix, current.strict, "could not patch %s (%s, %s): %s: %s; SGLang runs unpatched" % (
-            hotfix.target, _version_text(hotfix, path), path, type(error).__name__, error))
+        _refuse(hotfix, current.strict, "could not patch %s (%s, %s): %s: %s; " % (
+            hotfix.target, _version_text(hotfix, path), path, type(error).__name__, error) + RUNS_UNPATCHED)
         return "refused"
     if outcome == "wrapped":
         below = getattr(module, hotfix.class_name).__dict__[hotfix.method_name].__wrapped__
@@ -368,7 +374,8 @@ def on_module_imported(module, name=None):
         except HotfixError:
             raise
         except Exception as error:  # a bug here must not take the host down
-            message = "internal error while handling %s: %s: %s; SGLang runs unpatched" % (hotfix.target, type(error).__name__, error)
+            message = "internal error while handling %s: %s: %s; " % (hotfix.target, type(error).__name__, error)
             if switches.read().strict:
-                raise HotfixError(message) from error
+                raise HotfixError(message + "the import of %s is stopped (strict mode)" % hotfix.module) from error
+            message += RUNS_UNPATCHED
             say(logging.WARNING, "%s", message)

@@ -1,10 +1,11 @@
 """``sglang-hotfix-trtllm run -- COMMAND``: protect a command when the plugin is
 installed outside site-packages (``pip install --target DIR``).
 
-It puts the bootstrap ``sitecustomize`` folder first on PYTHONPATH and
-changes nothing else: the rest of PYTHONPATH is kept exactly as it was (its
-order, empty entries meaning the current folder), so the command sees the
-``sys.path`` it would see without ``run`` plus that one entry. Then it
+It puts the bootstrap ``sitecustomize`` folder first on PYTHONPATH; the rest
+of PYTHONPATH is kept as it was (its order, empty entries meaning the current
+folder), so the command sees the ``sys.path`` it would see without ``run``
+plus that one entry -- except that this package's own ``--target`` folder, if
+PYTHONPATH names it, moves behind the image's packages (see ``environment``). Then it
 replaces itself with COMMAND (so the exit status is COMMAND's). Every Python
 process COMMAND starts inherits PYTHONPATH, spawned SGLang schedulers
 included. The bootstrap finds this package through the folder it sits in
@@ -22,14 +23,28 @@ INSTALL_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def environment(environ):
     """``environ`` with the bootstrap folder first on PYTHONPATH (unchanged when
-    a bootstrap of this package is on it already: ``run`` inside ``run``)."""
+    a bootstrap of this package is on it already: ``run`` inside ``run``).
+
+    The one other change: when this package sits in a ``pip install --target``
+    folder that PYTHONPATH names (how the launcher itself was found), that
+    folder leaves PYTHONPATH; the bootstrap appends it behind everything else,
+    so the packages it holds (its own wrapt) never shadow the image's."""
     env = dict(environ)
     existing = env.get("PYTHONPATH", "")
     entries = existing.split(os.pathsep) if existing else []
     if any(is_bootstrap_dir(entry) for entry in entries):
         return env
+    if not in_site_packages(INSTALL_DIR):
+        entries = [e for e in entries if not (e and os.path.realpath(e) == os.path.realpath(INSTALL_DIR))]
     env["PYTHONPATH"] = os.pathsep.join([BOOTSTRAP_DIR] + entries)
     return env
+
+
+def in_site_packages(folder):
+    import site
+
+    sites = list(site.getsitepackages()) + ([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])
+    return os.path.realpath(folder) in {os.path.realpath(s) for s in sites}
 
 
 def is_bootstrap_dir(path):

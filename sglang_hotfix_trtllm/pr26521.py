@@ -241,6 +241,7 @@ def upstream_fixed_method_node(tree):
 HOTFIX = Hotfix(
     name="pr26521",
     upstream="SGLang PR #26521",
+    summary="TRT-LLM MHA draft-decode CUDA-graph capture fills cache_seqlens before use",
     distribution="sglang",
     module="sglang.srt.layers.attention.trtllm_mha_backend",
     class_name=CLASS_NAME,

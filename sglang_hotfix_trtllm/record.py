@@ -70,7 +70,8 @@ class Classification(Value):
 class Hotfix(Value):
     """One hotfix, as data.
 
-    * ``name``: short id used in logs and JSON; ``upstream``: the upstream fix.
+    * ``name``: short id used in logs and JSON; ``upstream``: the upstream fix;
+      ``summary``: what the fix does, in one line (``--help``).
     * ``distribution``: the distribution that ships the target module.
     * ``module``, ``class_name``, ``method_name``: the target.
     * ``first_fixed_release``: the first upstream release carrying the fix.
@@ -81,9 +82,9 @@ class Hotfix(Value):
     * ``probe``: "module:function" run by ``verify`` on the imported target.
     """
 
-    __slots__ = ("name", "upstream", "distribution", "module", "class_name", "method_name", "first_fixed_release",
+    __slots__ = ("name", "upstream", "summary", "distribution", "module", "class_name", "method_name", "first_fixed_release",
                  "classify", "wrapper", "known_fingerprints", "probe")
-    _defaults = {"known_fingerprints": {}, "probe": None}
+    _defaults = {"known_fingerprints": {}, "probe": None, "summary": ""}
 
     @property
     def target(self):

@@ -8,20 +8,14 @@ wrapping: a missing or broken wrapt is then reported, not promised away.
 """
 
 import os
-import site
 
 from . import __version__, engine, launcher, source, switches
 from .record import Verdict
 
 STARTUP_FILE = "sglang_hotfix_trtllm.pth"
-EXIT_OK, EXIT_UNPROTECTED, EXIT_ERROR = 0, 1, 2
-
-
-def _site_dirs():
-    dirs = list(site.getsitepackages()) if hasattr(site, "getsitepackages") else []
-    if site.ENABLE_USER_SITE:
-        dirs.append(site.getusersitepackages())
-    return {os.path.realpath(d) for d in dirs}
+EXIT_OK, EXIT_UNPROTECTED, EXIT_ERROR, EXIT_BAD_PATH = 0, 1, 2, 3
+# Bumped when a key of `status --json` changes meaning or goes away (adding keys does not).
+FORMAT_VERSION = 1
 
 
 def startup_file():
@@ -29,7 +23,7 @@ def startup_file():
     path = os.path.join(launcher.INSTALL_DIR, STARTUP_FILE)
     if not os.path.isfile(path):
         return None, False
-    return path, os.path.realpath(os.path.dirname(path)) in _site_dirs()
+    return path, launcher.in_site_packages(os.path.dirname(path))
 
 
 def launcher_active(environ=None):
@@ -95,6 +89,7 @@ def of_environment(hotfix):
     report = assessment.as_dict()
     report.update(
         {
+            "format_version": FORMAT_VERSION,
             "plugin_version": __version__,
             "plugin_location": launcher.INSTALL_DIR,
             "sglang_version": dist.version,
@@ -114,9 +109,76 @@ def of_environment(hotfix):
 
 
 def of_file(hotfix, path):
-    """(report dict, exit status) for one given source file."""
-    if not os.path.isfile(path):
-        assessment = engine.Assessment(hotfix.name, hotfix.target, Verdict.UNKNOWN, "no such file: %s" % path, None, path, ())
-    else:
-        assessment = engine.assess_source(hotfix, path)
+    """(report dict, assessment, exit status) for one given source file."""
+    assessment = engine.assess_source(hotfix, path)
     return assessment.as_dict(), assessment, EXIT_ERROR if assessment.verdict is Verdict.UNKNOWN else EXIT_OK
+
+
+class PathProblem(Exception):
+    """``status --source`` was given a path it cannot examine (exit 3)."""
+
+
+def backend_files(hotfix, root):
+    """Every source file of the hotfix's target module under ``root`` (a file, or
+    a folder: an image root, a site-packages folder, a checkout), sorted."""
+    name = hotfix.module.rpartition(".")[2] + ".py"
+    if not os.path.exists(root):
+        raise PathProblem("no such file or folder: %s" % root)
+    if os.path.isfile(root):
+        if not os.access(root, os.R_OK):
+            raise PathProblem("cannot read %s: permission denied" % root)
+        return [root]
+    found = []
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = sorted(d for d in subfolders if not d.startswith(".") and d != "__pycache__")
+        if name in files:
+            found.append(os.path.join(folder, name))
+    if not found:
+        raise PathProblem("no %s under %s" % (name, root))
+    unreadable = [p for p in found if not os.access(p, os.R_OK)]
+    if unreadable:
+        raise PathProblem("cannot read %s: permission denied" % unreadable[0])
+    return found
+
+
+def of_tree(hotfix, root):
+    """(report dict, [assessments], exit status) for every backend file under ``root``;
+    the exit status is the worst of them. Raises PathProblem."""
+    reports, assessments, code = [], [], EXIT_OK
+    for path in backend_files(hotfix, root):
+        report, assessment, file_code = of_file(hotfix, path)
+        reports.append(report)
+        assessments.append(assessment)
+        code = max(code, file_code)
+    return {"format_version": FORMAT_VERSION, "root": root, "sources": reports}, assessments, code
+
+
+def headline(report, code):
+    """One line a person can act on, opening the human output."""
+    verdict = report["verdict"]
+    version = report.get("sglang_version") or "(version unknown)"
+    if verdict == "affected" and report.get("would_patch"):
+        return "PROTECTED: SGLang %s has the bug and new Python processes here will be patched (%s)" % (
+            version, report["would_patch_reason"])
+    if verdict == "affected":
+        return "NOT PROTECTED: SGLang %s has the bug, but a new process would run it unpatched: %s" % (
+            version, report["would_patch_reason"])
+    if verdict == "fixed":
+        return "NOTHING TO DO: SGLang %s already has the fix; this package can be removed (%s)" % (
+            version, engine.UNINSTALL_HINT)
+    if verdict == "not-applicable":
+        return "NOTHING TO DO: %s" % report["reason"]
+    return "NOT PROTECTED: the installed code is not recognised, so it is left unpatched: %s" % report["reason"]
+
+
+def readable(value):
+    """A value as a person reads it: no Python reprs."""
+    if value is None:
+        return "-"
+    if value is True or value is False:
+        return "yes" if value else "no"
+    if isinstance(value, dict):
+        return ", ".join("%s: %s" % (k, readable(v)) for k, v in value.items()) or "-"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(readable(v) for v in value) or "none"
+    return str(value)

@@ -19,25 +19,26 @@ def _load(dotted):
     return getattr(importlib.import_module(module_name), function)
 
 
-def verify(hotfix, out):
+def verify(hotfix, out, err):
+    """Results through ``out`` (stdout), errors through ``err`` (stderr)."""
     assessment = engine.assess_installed(hotfix)
     out("%s: %s (%s)" % (hotfix.target, assessment.verdict, assessment.reason))
     if assessment.verdict in (Verdict.FIXED, Verdict.NOT_APPLICABLE):
         out("nothing to verify: the hotfix does not patch this SGLang")
         return EXIT_OK
     if assessment.verdict is Verdict.UNKNOWN:
-        out("cannot verify: the installed code is not recognised (fingerprint %s)" % assessment.fingerprint)
+        err("cannot verify: the installed code is not recognised (fingerprint %s)" % assessment.fingerprint)
         return EXIT_ERROR
     for name in ("torch", hotfix.module):
         try:
             module = importlib.import_module(name)
         except Exception as error:
-            out("cannot import %s: %s: %s" % (name, type(error).__name__, error))
+            err("cannot import %s: %s: %s" % (name, type(error).__name__, error))
             return EXIT_ERROR
     try:
         report = _load(hotfix.probe)(module)
     except Exception as error:
-        out("probe failed: %s: %s" % (type(error).__name__, error))
+        err("probe failed: %s: %s" % (type(error).__name__, error))
         return EXIT_ERROR
     out(report.title)
     header = ("field", "unpatched", "patched", "upstream fix")

@@ -17,7 +17,8 @@ def test_sglang_plugins_allowlist_without_us_means_no_patch(scenario):
     ran = scenario("describe", env=clean_env(SGLANG_PLUGINS="some_other_plugin"))
     assert ran.result["attribute_type"] == UNPATCHED
     lines = ran.hotfix_lines()
-    assert len(lines) == 1 and "INFO: not patching" in lines[0] and "SGLANG_PLUGINS" in lines[0]
+    # A WARNING since 0.2.0: on affected code the allowlist leaves a known bug unpatched.
+    assert len(lines) == 1 and "WARNING: not patching" in lines[0] and "SGLANG_PLUGINS" in lines[0]
 
 
 def test_sglang_plugins_allowlist_naming_us_patches(scenario):

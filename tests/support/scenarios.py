@@ -233,7 +233,16 @@ def overlay(path):
     _result(**findings)
 
 
+def wrapt_in_use():
+    """Import the backend; report the class and which wrapt this process runs."""
+    module = _import_backend()
+    import wrapt
+
+    _result(wrapt_file=wrapt.__file__, wrapt_version=getattr(wrapt, "__version__", None), **_describe(module))
+
+
 SCENARIOS = {f.__name__: f for f in (
+    wrapt_in_use,
     describe, import_only, startup_only, equivalence, draft_decode_values, replay_untouched, identity_and_cycles,
     spawn_child, sglang_plugin_loader, overlay,
 )}

@@ -1,0 +1,175 @@
+"""What an operator meets: the CLI by convention, `status --source` on folders,
+offline installs, `run` never shadowing the image's packages, the wheel's
+contents."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+import variants
+from conftest import REPO, SUPPORT, TARGET_RELATIVE, Ran, clean_env
+
+CLI = shutil.which("sglang-hotfix-trtllm", path=os.path.dirname(sys.executable))
+
+
+def cli(*args, env=None, cwd=None):
+    return subprocess.run([CLI] + list(args), capture_output=True, text=True, env=env or clean_env(), cwd=cwd, timeout=120)
+
+
+# --- status: one actionable line, readable values, a format version ----------
+
+def test_human_status_opens_with_one_line_to_act_on():
+    ran = cli("status")
+    first = ran.stdout.splitlines()[0]
+    assert ran.returncode == 0 and first.startswith("PROTECTED: SGLang 0.5.12 has the bug")
+    ran = cli("status", env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE="1"))
+    assert ran.returncode == 1 and ran.stdout.startswith("NOT PROTECTED: ") and "SGLANG_HOTFIX_TRTLLM_DISABLE" in ran.stdout.splitlines()[0]
+
+
+def test_human_status_shows_no_python_reprs():
+    out = cli("status").stdout
+    assert "{" not in out and "None" not in out and "True" not in out and "False" not in out
+    assert "disabled: no" in out
+
+
+def test_json_status_carries_a_format_version():
+    assert json.loads(cli("status", "--json").stdout)["format_version"] == 1
+
+
+# --- status --source on files and folders ---------------------------------------
+
+@pytest.fixture
+def image_root(tmp_path, installed_backend_source):
+    """An image-like tree: two SGLang installs (affected and fixed) and unrelated files."""
+    root = tmp_path / "image"
+    for site, text in (("usr/lib/python3.12/site-packages", installed_backend_source),
+                       ("opt/sglang/python", variants.fixed_source_text(installed_backend_source))):
+        path = root / site / "sglang" / TARGET_RELATIVE
+        path.parent.mkdir(parents=True)
+        path.write_text(text)
+    (root / "etc").mkdir()
+    (root / "etc" / "hostname").write_text("x\n")
+    return root
+
+
+def test_source_folder_reports_every_backend_file_under_it(image_root):
+    ran = cli("status", "--source", str(image_root), "--json")
+    report = json.loads(ran.stdout)
+    assert ran.returncode == 0 and report["format_version"] == 1
+    assert sorted(r["verdict"] for r in report["sources"]) == ["affected", "fixed"]
+    assert all(r["source_path"].startswith(str(image_root)) for r in report["sources"])
+
+
+def test_source_folder_with_unknown_code_exits_2(image_root, installed_backend_source):
+    bad = image_root / "srv" / "sglang" / TARGET_RELATIVE
+    bad.parent.mkdir(parents=True)
+    bad.write_text(variants.with_renamed_key(installed_backend_source))
+    ran = cli("status", "--source", str(image_root))
+    assert ran.returncode == 2 and "unknown" in ran.stderr and str(bad) in ran.stderr
+
+
+@pytest.mark.parametrize("case", ["missing", "empty_folder", "unreadable"])
+def test_source_paths_that_cannot_be_examined_exit_3_with_their_own_message(tmp_path, case, installed_backend_source):
+    if case == "missing":
+        path, words = tmp_path / "nowhere", "no such file or folder"
+    elif case == "empty_folder":
+        path, words = tmp_path, "no trtllm_mha_backend.py under"
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root reads any file")
+        path, words = tmp_path / "trtllm_mha_backend.py", "permission denied"
+        path.write_text(installed_backend_source)
+        path.chmod(0)
+    ran = cli("status", "--source", str(path))
+    assert ran.returncode == 3 and ran.stdout == ""
+    assert len(ran.stderr.strip().splitlines()) == 1 and words in ran.stderr
+
+
+# --- conventions ------------------------------------------------------------------
+
+def test_dash_V_works_like_version():
+    assert cli("-V").stdout == cli("--version").stdout != ""
+
+
+@pytest.mark.parametrize("verb", ["status", "verify", "run"])
+def test_each_verb_help_has_a_description_exit_statuses_and_variables(verb):
+    out = cli(verb, "--help").stdout
+    assert "exit status" in out
+    assert len(out.split("\n\n")[1].strip()) > 40  # the description paragraph
+    if verb != "run":
+        assert "SGLANG_HOTFIX_TRTLLM_DISABLE" in out and "SGLANG_PLUGINS" in out
+
+
+def test_strict_mode_says_the_import_is_stopped(scenario, overlay_dir, installed_backend_source):
+    folder = overlay_dir(variants.with_renamed_key(installed_backend_source))
+    ran = scenario("overlay", folder, env=clean_env(SGLANG_HOTFIX_TRTLLM_STRICT="1"))
+    assert ran.returncode != 0 and "import of sglang.srt.layers.attention.trtllm_mha_backend is stopped" in ran.stderr
+    assert "SGLang runs unpatched" not in ran.stderr
+
+
+def test_allowlist_leaving_out_the_hotfix_on_affected_code_is_a_warning(scenario):
+    ran = scenario("describe", env=clean_env(SGLANG_PLUGINS="some_other_plugin"))
+    lines = ran.hotfix_lines()
+    assert len(lines) == 1 and "WARNING: not patching" in lines[0]
+
+
+# --- the wheel ----------------------------------------------------------------------
+
+def test_a_stale_build_folder_does_not_reach_the_wheel(tmp_path):
+    checkout = tmp_path / "checkout"
+    shutil.copytree(REPO, checkout, ignore=shutil.ignore_patterns(".venv", ".cache", ".git", ".whl", ".gpu", ".e2e", "build"))
+    stale = checkout / "build" / "lib" / "sglang_hotfix_trtllm"
+    stale.mkdir(parents=True)
+    (stale / "deleted_module.py").write_text("raise SystemExit('stale')\n")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(checkout)],
+                   check=True, timeout=300, cwd=tmp_path)
+    (wheel,) = tmp_path.glob("sglang_hotfix_trtllm-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert not any("deleted_module" in n for n in names)
+    assert any(n.endswith("LICENSE") for n in names)
+
+
+# --- offline install and run's precedence --------------------------------------------
+
+def test_offline_recipe_installs_with_no_index(tmp_path, plugin_wheel):
+    """README's air-gapped recipe: fetch the wrapt wheel for the target's Python and
+    platform ahead of time, then install both with --no-index."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    shutil.copy(plugin_wheel, wheels)
+    version = "%d.%d" % sys.version_info[:2]
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
+                    version, "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64", "-d", str(wheels),
+                    "wrapt>=1.14"], check=True, timeout=300)
+    venv = tmp_path / "target-venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    python = str(venv / "bin" / "python")
+    subprocess.run([python, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheels), "sglang-hotfix-trtllm"],
+                   check=True, timeout=300)
+    ran = subprocess.run([python, "-m", "sglang_hotfix_trtllm", "status", "--json"], capture_output=True, text=True,
+                         env=clean_env(), cwd=tmp_path, timeout=60)
+    report = json.loads(ran.stdout)
+    assert report["verdict"] == "not-applicable" and report["startup_file_active"] is True
+
+
+def test_run_never_shadows_the_images_wrapt(tmp_path, bare_python, plugin_wheel, venv_site_packages):
+    """A --target folder holding its own (older) wrapt, named on PYTHONPATH as the
+    Kubernetes recipe does: under `run` the image's wrapt wins, and SGLang is patched with it."""
+    target = tmp_path / "hotfix"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(plugin_wheel),
+                    "wrapt==1.17.2"], check=True, timeout=300)
+    env = clean_env(PYTHONPATH=os.pathsep.join([str(target), venv_site_packages]))
+    probe = [bare_python, str(SUPPORT / "scenarios.py"), "wrapt_in_use"]
+    plain = Ran(subprocess.run(probe, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600))
+    under_run = Ran(subprocess.run([bare_python, "-m", "sglang_hotfix_trtllm", "run", "--"] + probe, capture_output=True,
+                                   text=True, env=env, cwd=tmp_path, timeout=600))
+    assert plain.result["wrapt_file"].startswith(str(target))  # without run, PYTHONPATH order decides
+    assert under_run.returncode == 0, under_run
+    assert under_run.result["wrapt_file"].startswith(venv_site_packages), under_run.result
+    assert under_run.result["wrapt_version"] != "1.17.2"
+    assert under_run.result["attribute_type"] == "HotfixWrapper"
