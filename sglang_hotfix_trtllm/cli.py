@@ -48,13 +48,11 @@ above are read by the hotfix inside the command's Python processes."""
 
 def diagnose(message):
     """One line on stderr, and only there: never on stdout, whatever state
-    stderr is in (``print(file=None)`` would fall back to stdout)."""
-    try:
-        if sys.stderr is not None:
-            sys.stderr.write("sglang-hotfix-trtllm: %s\n" % message)
-            sys.stderr.flush()
-    except Exception:
-        pass
+    stderr is in (``print(file=None)`` would fall back to stdout). The startup
+    module's writer, so that both say it the same way."""
+    import sglang_hotfix_trtllm_autoload
+
+    sglang_hotfix_trtllm_autoload._say(message)
 
 
 def _write_result(text, code):

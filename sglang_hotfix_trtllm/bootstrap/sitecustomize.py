@@ -19,11 +19,11 @@ _GUARD = "sglang_hotfix_trtllm.bootstrap:done"
 
 
 def _say(message):
+    # Not sglang_hotfix_trtllm_autoload._say: this reports that very module failing to load.
     try:
-        if sys.stderr is not None:
-            sys.stderr.write("sglang-hotfix-trtllm: %s\n" % message)
-            sys.stderr.flush()
-    except Exception:
+        sys.stderr.write("sglang-hotfix-trtllm: %s\n" % message)
+        sys.stderr.flush()
+    except Exception:  # stderr None (AttributeError), closed (ValueError) or a broken pipe (OSError)
         pass
 
 
