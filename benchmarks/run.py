@@ -7,9 +7,11 @@ needs the plugin, SGLang 0.5.12 and torch installed there. Each figure is a
 ratio or difference measured in one run, medians over repeated runs:
 
 1. Interpreter start (``python -c pass``) with the plugin installed against
-   the same environment without it: two fresh venvs that differ only by the
-   plugin's wheel. Counted in instructions with callgrind (repeatable to about
-   0.2%) and in wall time (noisier). For scale, a venv whose .pth imports wrapt.
+   the same environment without it: fresh venvs that differ only by the
+   plugin's wheel, installed four ways (pip, pip --no-compile, uv, uv
+   --compile-bytecode; the uv rows need ``python -m uv``). Counted in
+   instructions with callgrind (repeatable to about 0.2%) and in wall time
+   (noisier). For scale, a venv whose .pth imports wrapt.
 2. Added cost when SGLang's backend module is first imported: finding the
    source, deciding the verdict and wrapping, in fresh processes.
 3. The patched capture call against the upstream-fixed function on the same
@@ -68,34 +70,50 @@ def build_wheel(folder):
     return next(pathlib.Path(folder).glob("sglang_hotfix_trtllm-*.whl"))
 
 
-def make_venv(folder, *install):
+def make_venv(folder, *install, installer="pip"):
+    """A fresh venv, with ``install`` installed by ``installer``: "pip" (which
+    byte-compiles what it installs), "pip --no-compile", "uv" (which writes no
+    bytecode by default) or "uv --compile-bytecode"."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
     python = str(pathlib.Path(folder) / "bin" / "python")
     if install:
-        # pip byte-compiles what it installs, as it does for users.
-        subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps"] + list(install), check=True)
+        tool, *flags = installer.split()
+        command = ([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps"] if tool == "pip"
+                   else [sys.executable, "-m", "uv", "pip", "install", "-q", "--no-deps", "--python", python])
+        subprocess.run(command + flags + list(install), check=True)
     return python
 
 
+def have_uv():
+    return subprocess.run([sys.executable, "-m", "uv", "--version"], capture_output=True).returncode == 0
+
+
+INSTALLERS = ("pip", "pip --no-compile", "uv", "uv --compile-bytecode")
+
+
 def startup(work, wall_runs):
+    """Start-up cost of the plugin installed each way, side by side in one run,
+    against the same bare venv; plus, for scale, a .pth that imports wrapt."""
     wheel = build_wheel(work / "wheel")
     base = make_venv(work / "base")
-    plugin = make_venv(work / "plugin", str(wheel))
+    venvs = {"base": base}
+    for number, installer in enumerate(INSTALLERS):
+        if installer.startswith("uv") and not have_uv():
+            continue  # `pip install uv` into the benchmark's environment to measure these
+        venvs[installer] = make_venv(work / ("plugin%d" % number), str(wheel), installer=installer)
     wrapt_env = make_venv(work / "wrapt", "wrapt")
     site = subprocess.run([wrapt_env, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
     pathlib.Path(site, "import_wrapt.pth").write_text("import wrapt\n")
-    result = {}
+    venvs["a .pth importing wrapt"] = wrapt_env
+    result = {"pythondontwritebytecode": os.environ.get("PYTHONDONTWRITEBYTECODE")}
     if shutil.which("valgrind"):
-        counts = {name: callgrind_instructions(p) for name, p in (("base", base), ("plugin", plugin), ("wrapt", wrapt_env))}
+        counts = {name: callgrind_instructions(python) for name, python in venvs.items()}
         result["instructions"] = counts
-        result["instructions_ratio_plugin"] = counts["plugin"] / counts["base"]
-        result["instructions_ratio_wrapt"] = counts["wrapt"] / counts["base"]
-    walls = wall_starts([base, plugin, wrapt_env], wall_runs)
-    result["wall_median_s"] = {"base": walls[base], "plugin": walls[plugin], "wrapt": walls[wrapt_env]}
-    result["wall_ratio_plugin"] = walls[plugin] / walls[base]
-    result["wall_added_ms_plugin"] = (walls[plugin] - walls[base]) * 1e3
-    result["wall_ratio_wrapt"] = walls[wrapt_env] / walls[base]
+        result["instructions_ratio"] = {name: counts[name] / counts["base"] for name in counts if name != "base"}
+    walls = wall_starts(list(venvs.values()), wall_runs)
+    result["wall_median_ms"] = {name: walls[python] * 1e3 for name, python in venvs.items()}
+    result["wall_ratio"] = {name: walls[python] / walls[base] for name, python in venvs.items() if name != "base"}
     return result
 
 
