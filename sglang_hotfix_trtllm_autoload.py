@@ -7,8 +7,8 @@ harm a host that never asked for SGLang:
 
 * Standard library only, and only ``sys`` at module level. ``os`` is imported
   inside ``switch_on`` (already loaded at start-up, so free).
-* Small: the import hook's real work lives in ``sglang_hotfix_trtllm._import_hook``
-  and is imported only when SGLang's TRT-LLM MHA backend is imported.
+* Small: the import hook's real work lives in ``sglang_hotfix_trtllm.import_hook``
+  and is imported only when a watched module is imported.
 * Never raises into the host (strict mode aside, see ``find_spec``) and never
   writes to stdout; at most one line on stderr, and only when stderr can take
   it (``_say``: stderr may be None, closed or a broken pipe).
@@ -56,11 +56,11 @@ def _say(message):
         pass
 
 
-def _import_hook(subject):
-    """``sglang_hotfix_trtllm._import_hook``, or None after one line on stderr
+def _load_import_hook(subject):
+    """``sglang_hotfix_trtllm.import_hook``, or None after one line on stderr
     (an ImportError instead, in strict mode) when the package cannot load."""
     try:
-        from sglang_hotfix_trtllm import _import_hook
+        from sglang_hotfix_trtllm import import_hook
     except Exception as error:
         message = "cannot load the hotfix (%s: %s); %s is imported unpatched. Reinstall sglang-hotfix-trtllm, or set %s=1." % (
             type(error).__name__, error, subject, DISABLE_VARIABLE)
@@ -68,7 +68,7 @@ def _import_hook(subject):
             raise ImportError("sglang-hotfix-trtllm (strict mode): " + message) from error
         _say(message)
         return None
-    return _import_hook
+    return import_hook
 
 
 def find_spec(fullname, path=None, target=None):
@@ -76,7 +76,7 @@ def find_spec(fullname, path=None, target=None):
     regular spec with a loader that hands the module to the engine once run."""
     if fullname not in WATCHED_MODULES:
         return None
-    hook = _import_hook(fullname)
+    hook = _load_import_hook(fullname)
     return None if hook is None else hook.find_spec(fullname, path, target)
 
 
@@ -105,7 +105,7 @@ def install():
         for name in WATCHED_MODULES:
             module = sys.modules.get(name)
             if module is not None:
-                hook = _import_hook(name)
+                hook = _load_import_hook(name)
                 if hook is not None:
                     hook.module_executed(module, name)
     return True

@@ -119,7 +119,7 @@ def startup(work, wall_runs):
 
 PATCH_COST = r"""
 import os, sys, time, json
-# Started with SGLANG_HOTFIX_TRTLLM_DISABLE=1: the startup hook stood aside.
+# Started with SGLANG_HOTFIX_TRTLLM_DISABLE=1: the startup module stood aside.
 import sglang.srt.layers.attention.trtllm_mha_backend as backend
 del os.environ["SGLANG_HOTFIX_TRTLLM_DISABLE"]
 import sglang_hotfix_trtllm_autoload as autoload

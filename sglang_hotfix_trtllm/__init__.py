@@ -27,16 +27,19 @@ def remove():
 
     Returns the number of methods restored.
     """
+    import sys
+
     import sglang_hotfix_trtllm_autoload
 
-    from . import engine
-
     sglang_hotfix_trtllm_autoload.uninstall()
-    return engine.remove_all()
+    # Nothing can have been wrapped unless the patch module was loaded; asking
+    # here, rather than importing it, keeps remove() from importing wrapt.
+    patch = sys.modules.get(__name__ + ".patch")
+    return patch.remove_all() if patch is not None else 0
 
 
 def assess():
     """Assessments of the installed SGLang for every hotfix, without importing it."""
-    from . import catalog, engine
+    from . import catalog, detect
 
-    return [engine.assess_installed(hotfix) for hotfix in catalog.HOTFIXES]
+    return [detect.assess_installed(hotfix) for hotfix in catalog.HOTFIXES]

@@ -1,7 +1,12 @@
-"""Which definition of ``Class.method`` Python will actually run, read from a
-module's AST. Generic: any method-level hotfix record uses these helpers.
+"""Detect: the verdict on a hotfix's target, from its source, never importing it.
 
-Standard library only. Python binds the *last* definition of a name, so a
+Generic, for any method-level hotfix record: ``assess_installed`` (find the
+installed module's source without importing its package), ``assess_module``
+(the file an imported module ran from) and ``assess_source`` (one file) parse
+the source and ask the record's ``classify``; the helpers below tell which
+definition of ``Class.method`` Python will actually run.
+
+Standard library only; never raises. Python binds the *last* definition of a name, so a
 module that defines a class twice, or a class body that defines a method
 twice, runs the later one. These helpers return that live definition, and
 refuse (return a problem in words instead) whenever the live binding cannot
@@ -12,6 +17,9 @@ module, or the method's name used as a string (``setattr(cls, "name", f)``).
 """
 
 import ast
+
+from . import source
+from .record import Value, Verdict
 
 _DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
@@ -110,3 +118,92 @@ def first_line_of(function):
 
 def is_docstring(statement):
     return isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant) and isinstance(statement.value.value, str)
+
+
+# --------------------------------------------------------------------------
+# Verdicts
+
+
+class Assessment(Value):
+    """The verdict on one source of a hotfix's target, with what it rests on."""
+
+    __slots__ = ("hotfix_name", "target", "verdict", "reason", "fingerprint", "source_path", "known_releases",
+                 "method_first_line")
+    _defaults = {"method_first_line": None}
+
+    def as_dict(self):
+        return {
+            "hotfix": self.hotfix_name,
+            "target": self.target,
+            "verdict": self.verdict.value,
+            "reason": self.reason,
+            "fingerprint": self.fingerprint,
+            "source_path": self.source_path,
+            "known_releases": list(self.known_releases),
+        }
+
+
+def assess_source(hotfix, path, text=None):
+    """Classify one source file of the hotfix's target module; never raises."""
+
+    def result(verdict, reason, fingerprint=None, first_line=None, releases=()):
+        return Assessment(hotfix.name, hotfix.target, verdict, reason, fingerprint, path, tuple(releases), first_line)
+
+    try:
+        if text is None:
+            text = source.read_text(path)
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError) as error:
+        return result(Verdict.UNKNOWN, "cannot read %s: %s: %s" % (path, type(error).__name__, error))
+
+    try:
+        tree = ast.parse(text, filename=path)
+    except (SyntaxError, ValueError) as error:
+        return result(Verdict.UNKNOWN, "cannot read %s as Python: %s: %s" % (path, type(error).__name__, error))
+    try:
+        # Always the full analysis of the live definitions: the release table
+        # only names the releases that share the fingerprint. A method whose
+        # fingerprint a release has can still be dead code (a later definition
+        # wins) or be reached through code the table never saw.
+        classification = hotfix.classify(tree)
+    except Exception as error:  # a bug in a record must not take the host down
+        return result(Verdict.UNKNOWN, "classifier failed: %s: %s" % (type(error).__name__, error))
+    releases = ()
+    try:
+        known = hotfix.known_fingerprints.get(classification.fingerprint)
+        if known is not None and known[0] is classification.verdict:
+            releases = known[1]
+    except Exception:
+        pass
+    reason = classification.reason
+    if releases:
+        reason = "%s; code identical to SGLang %s" % (reason, _releases_text(releases))
+    return result(classification.verdict, reason, classification.fingerprint, classification.method_first_line, releases)
+
+
+def _releases_text(releases):
+    return releases[0] if len(releases) == 1 else "%s … %s (%d releases)" % (releases[0], releases[-1], len(releases))
+
+
+def assess_installed(hotfix):
+    """The verdict on the installed distribution, found without importing it."""
+    located = source.locate(hotfix.module)
+    if located.path is None:
+        if located.module_found:
+            return Assessment(hotfix.name, hotfix.target, Verdict.UNKNOWN,
+                              "cannot analyse %s: %s" % (hotfix.module, located.reason), None, None, ())
+        if not located.package_found:
+            reason = "%s is not installed in this environment (%s)" % (hotfix.distribution, located.reason)
+        else:
+            reason = "this %s has no %s module (%s)" % (hotfix.distribution, hotfix.module, located.reason)
+        return Assessment(hotfix.name, hotfix.target, Verdict.NOT_APPLICABLE, reason, None, None, ())
+    return assess_source(hotfix, located.path)
+
+
+def assess_module(hotfix, module):
+    """The verdict on an imported module, from the file it was loaded from."""
+    path, problem = source.source_file(getattr(getattr(module, "__spec__", None), "origin", None)
+                                       or getattr(module, "__file__", None))
+    if path is None:
+        return Assessment(hotfix.name, hotfix.target, Verdict.UNKNOWN,
+                          "cannot analyse %s: %s" % (hotfix.module, problem), None, None, ())
+    return assess_source(hotfix, path)

@@ -2,9 +2,11 @@
 
 Standard library only. A record names its target (module, class, method),
 the upstream change it backports, how to classify a source of the target
-module, and the wrapper that repairs the method. The engine
-(``sglang_hotfix_trtllm.engine``) knows nothing about any particular bug:
-a second hotfix would be a second record in ``catalog.HOTFIXES``.
+module, and the wrapper that repairs the method. The
+generic machinery (``detect``, ``engine``, ``patch``) knows nothing about any
+particular bug: a second hotfix is a second record, listed in
+``catalog.HOTFIXES`` (and its module in the startup module's
+``WATCHED_MODULES``, which must not import anything to know it).
 """
 
 import enum
@@ -13,9 +15,9 @@ import enum
 class Value:
     """A small read-only record, built from positional or keyword fields.
 
-    Not a dataclass on purpose: dataclasses generate and compile code when the
-    class is created, which cost a few milliseconds on the path that runs
-    when SGLang imports its backend (see benchmarks/run.py).
+    Not a dataclass on purpose: dataclasses generate source code and compile
+    it when each class is created, on the path that runs when SGLang imports
+    its backend; this needs no compiling.
     """
 
     __slots__ = ()
@@ -71,10 +73,10 @@ class Hotfix(Value):
     """One hotfix, as data.
 
     * ``name``: short id used in logs and JSON; ``upstream``: the upstream fix;
-      ``summary``: what the fix does, in one line (``--help``).
+      ``summary``: what the fix does, in one line (``--help``); ``effect``: what
+      now happens, for the log line "patched ...: <effect> as <upstream> does".
     * ``distribution``: the distribution that ships the target module.
     * ``module``, ``class_name``, ``method_name``: the target.
-    * ``first_fixed_release``: the first upstream release carrying the fix.
     * ``classify(tree) -> Classification``: verdict from the code's structure
       (of the live definitions, see ``detect``).
     * ``wrapper(wrapped, instance, args, kwargs)``: the wrapt wrapper.
@@ -82,9 +84,9 @@ class Hotfix(Value):
     * ``probe``: "module:function" run by ``verify`` on the imported target.
     """
 
-    __slots__ = ("name", "upstream", "summary", "distribution", "module", "class_name", "method_name", "first_fixed_release",
+    __slots__ = ("name", "upstream", "summary", "effect", "distribution", "module", "class_name", "method_name",
                  "classify", "wrapper", "known_fingerprints", "probe")
-    _defaults = {"known_fingerprints": {}, "probe": None, "summary": ""}
+    _defaults = {"known_fingerprints": {}, "probe": None, "summary": "", "effect": "patched"}
 
     @property
     def target(self):

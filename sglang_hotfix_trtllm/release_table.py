@@ -1,7 +1,7 @@
 """The published releases a hotfix knows, as data (written by tools/scan_releases.py).
 
 Standard library only. The file is read on first use, not at import, so the
-startup hook never pays for it. A missing or damaged file gives an empty
+startup module never pays for it. A missing or damaged file gives an empty
 table: detection then falls back to the structural analysis alone, which is
 what produced the table in the first place.
 """

@@ -9,7 +9,7 @@ wrapping: a missing or broken wrapt is then reported, not promised away.
 
 import os
 
-from . import __version__, engine, launcher, source, switches
+from . import __version__, detect, engine, launcher, source, switches
 from .record import Verdict
 
 STARTUP_FILE = "sglang_hotfix_trtllm.pth"
@@ -77,7 +77,7 @@ def exit_status(assessment, decision, patched):
 
 def of_environment(hotfix):
     """(report dict, assessment, exit status) for the installed SGLang."""
-    assessment = engine.assess_installed(hotfix)
+    assessment = detect.assess_installed(hotfix)
     dist = source.distribution(hotfix.distribution, assessment.source_path, hotfix.module)
     current = switches.read()
     decision = engine.decide(hotfix, assessment, current)
@@ -110,7 +110,7 @@ def of_environment(hotfix):
 
 def of_file(hotfix, path):
     """(report dict, assessment, exit status) for one given source file."""
-    assessment = engine.assess_source(hotfix, path)
+    assessment = detect.assess_source(hotfix, path)
     return assessment.as_dict(), assessment, EXIT_ERROR if assessment.verdict is Verdict.UNKNOWN else EXIT_OK
 
 

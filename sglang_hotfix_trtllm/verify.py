@@ -8,7 +8,7 @@ SGLang cannot be imported, the source is unknown, or the probe fails.
 
 import importlib
 
-from . import engine
+from . import detect
 from .record import Verdict
 
 EXIT_OK, EXIT_MISMATCH, EXIT_ERROR = 0, 1, 2
@@ -21,7 +21,7 @@ def _load(dotted):
 
 def verify(hotfix, out, err):
     """Results through ``out`` (stdout), errors through ``err`` (stderr)."""
-    assessment = engine.assess_installed(hotfix)
+    assessment = detect.assess_installed(hotfix)
     out("%s: %s (%s)" % (hotfix.target, assessment.verdict, assessment.reason))
     if assessment.verdict in (Verdict.FIXED, Verdict.NOT_APPLICABLE):
         out("nothing to verify: the hotfix does not patch this SGLang")

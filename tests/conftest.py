@@ -1,7 +1,7 @@
 """Shared helpers. The tests run in the environment the README sets up: the
 plugin installed from its wheel, SGLang 0.5.12 installed with --no-deps.
 Everything that imports SGLang runs in a fresh subprocess (tests/support/
-scenarios.py), so the startup hook, not the test process, loads the plugin."""
+scenarios.py), so the startup module, not the test process, loads the plugin."""
 
 import importlib.util
 import json
@@ -77,6 +77,20 @@ def installed_backend_path():
 @pytest.fixture(scope="session")
 def installed_backend_source(installed_backend_path):
     return installed_backend_path.read_text(encoding="utf-8")
+
+
+def shadow(tmp_path, name, body):
+    """A folder to put first on PYTHONPATH, holding a module or package
+    ``name`` whose code is ``body`` (a broken install, a missing dependency);
+    returns the folder."""
+    folder = tmp_path / "shadow"
+    if name.endswith(".py"):
+        folder.mkdir(exist_ok=True)
+        (folder / name).write_text(body + "\n")
+    else:
+        (folder / name).mkdir(parents=True, exist_ok=True)
+        (folder / name / "__init__.py").write_text(body + "\n")
+    return str(folder)
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
-"""The startup hook: cheap, silent, armed once, never fatal."""
+"""The startup module: cheap, silent, armed once, never fatal."""
 
 import sglang_hotfix_trtllm_autoload as autoload
-from conftest import clean_env, run_python
+from conftest import clean_env, run_python, shadow
 from sglang_hotfix_trtllm import catalog, switches
 
 HOOK = "sglang_hotfix_trtllm_autoload.find_spec"
@@ -31,10 +31,8 @@ def test_switch_vocabulary_matches_the_engine():
 
 
 def test_broken_engine_reports_one_line_and_import_proceeds(tmp_path, scenario):
-    shadow = tmp_path / "shadow" / "sglang_hotfix_trtllm"
-    shadow.mkdir(parents=True)
-    (shadow / "__init__.py").write_text("raise RuntimeError('simulated partial install')\n")
-    ran = scenario("describe", env=clean_env(PYTHONPATH=str(tmp_path / "shadow")))
+    folder = shadow(tmp_path, "sglang_hotfix_trtllm", "raise RuntimeError('simulated partial install')")
+    ran = scenario("describe", env=clean_env(PYTHONPATH=folder))
     assert ran.returncode == 0, ran
     assert ran.result["attribute_type"] == "function"
     lines = ran.hotfix_lines()
@@ -43,19 +41,15 @@ def test_broken_engine_reports_one_line_and_import_proceeds(tmp_path, scenario):
 
 
 def test_missing_autoload_module_prints_one_line_and_python_starts(tmp_path):
-    shadow = tmp_path / "shadow"
-    shadow.mkdir()
-    (shadow / "sglang_hotfix_trtllm_autoload.py").write_text("raise ImportError('simulated broken install')\n")
-    ran = run_python(["-c", "print('alive')"], cwd=tmp_path, env=clean_env(PYTHONPATH=str(shadow)))
+    folder = shadow(tmp_path, "sglang_hotfix_trtllm_autoload.py", "raise ImportError('simulated broken install')")
+    ran = run_python(["-c", "print('alive')"], cwd=tmp_path, env=clean_env(PYTHONPATH=folder))
     assert ran.returncode == 0 and ran.stdout.strip() == "alive"
     assert len(ran.stderr.strip().splitlines()) == 1, ran
-    assert "startup hook failed" in ran.stderr
+    assert "startup module failed" in ran.stderr
 
 
 def test_broken_engine_in_strict_mode_stops_the_import(tmp_path, scenario):
-    shadow = tmp_path / "shadow" / "sglang_hotfix_trtllm"
-    shadow.mkdir(parents=True)
-    (shadow / "__init__.py").write_text("raise RuntimeError('simulated partial install')\n")
-    ran = scenario("describe", env=clean_env(PYTHONPATH=str(tmp_path / "shadow"), SGLANG_HOTFIX_TRTLLM_STRICT="1"))
+    folder = shadow(tmp_path, "sglang_hotfix_trtllm", "raise RuntimeError('simulated partial install')")
+    ran = scenario("describe", env=clean_env(PYTHONPATH=folder, SGLANG_HOTFIX_TRTLLM_STRICT="1"))
     assert ran.returncode != 0 and ran.result is None
     assert "sglang-hotfix-trtllm (strict mode)" in ran.stderr

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import variants
-from conftest import SUPPORT, Ran, clean_env, run_python
+from conftest import SUPPORT, Ran, clean_env, run_python, shadow
 from sglang_hotfix_trtllm import switches
 
 PATCHED, UNPATCHED = "HotfixWrapper", "function"
@@ -36,10 +36,7 @@ def warnings_of(ran):
 @pytest.mark.parametrize("stub", ["raise ImportError('simulated: wrapt is not installed')",
                                   "raise RuntimeError('simulated: wrapt is broken')"], ids=["missing", "failing"])
 def test_wrapt_missing_or_failing_leaves_sglang_unpatched_and_running(scenario, tmp_path, stub):
-    shadow = tmp_path / "shadow" / "wrapt"
-    shadow.mkdir(parents=True)
-    (shadow / "__init__.py").write_text(stub + "\n")
-    ran = scenario("describe", env=clean_env(PYTHONPATH=str(tmp_path / "shadow")))
+    ran = scenario("describe", env=clean_env(PYTHONPATH=shadow(tmp_path, "wrapt", stub)))
     assert ran.returncode == 0, ran
     assert ran.result["attribute_type"] == UNPATCHED
     (line,) = warnings_of(ran)
@@ -47,10 +44,8 @@ def test_wrapt_missing_or_failing_leaves_sglang_unpatched_and_running(scenario, 
 
 
 def test_wrapt_missing_in_strict_mode_stops_the_import(scenario, tmp_path):
-    shadow = tmp_path / "shadow" / "wrapt"
-    shadow.mkdir(parents=True)
-    (shadow / "__init__.py").write_text("raise ImportError('simulated: wrapt is not installed')\n")
-    ran = scenario("describe", env=clean_env(PYTHONPATH=str(tmp_path / "shadow"), SGLANG_HOTFIX_TRTLLM_STRICT="1"))
+    folder = shadow(tmp_path, "wrapt", "raise ImportError('simulated: wrapt is not installed')")
+    ran = scenario("describe", env=clean_env(PYTHONPATH=folder, SGLANG_HOTFIX_TRTLLM_STRICT="1"))
     assert ran.returncode != 0 and "strict mode" in ran.stderr and "could not patch" in ran.stderr
 
 
@@ -143,11 +138,16 @@ def test_source_fixed_on_main_with_an_old_version_string_is_fixed(tmp_path, inst
 GARBAGE = ["", " ", "2", "-1", "yes please", "TRUE ", "\u00fc\u00df", "1" * 10000, "0x1", "None", "on;rm -rf /"]
 
 
+# The values README's Switches table documents, and whether each is understood.
+UNDERSTOOD = {"": True, " ": True, "2": False, "-1": False, "yes please": False, "TRUE ": True, "\u00fc\u00df": False,
+              "1" * 10000: False, "0x1": False, "None": False, "on;rm -rf /": False}
+
+
 @pytest.mark.parametrize("value", GARBAGE, ids=lambda v: repr(v)[:20])
 @pytest.mark.parametrize("variable", [switches.DISABLE, switches.STRICT])
 def test_garbage_in_flags_never_raises_and_is_named(variable, value):
     read = switches.read({variable: value})
-    understood = value.strip().lower() in switches.TRUE_VALUES + switches.FALSE_VALUES
+    understood = UNDERSTOOD[value]
     assert (read.problems == ()) == understood
     if not understood:
         assert variable in read.problems[0] and "accepted values" in read.problems[0]
@@ -201,11 +201,13 @@ def test_fork_child_keeps_the_one_wrapper(fault):
     assert ran.result["child"]["records"] == 1
 
 
-def test_python_dash_S_reads_no_startup_file(scenario, tmp_path):
-    ran = run_python(["-S", "-c", "import sys; print('RESULT:' + __import__('json').dumps({'site': 'site' in sys.modules,"
-                      " 'hook': any(getattr(f, '__module__', '') == 'sglang_hotfix_trtllm_autoload' for f in sys.meta_path)}))"],
-                     cwd=tmp_path)
-    assert ran.result == {"site": False, "hook": False}
+def test_python_dash_S_is_protected_by_an_explicit_apply(tmp_path, venv_site_packages):
+    # `python -S` reads no .pth (README, Limits): there, `apply()` is the documented remedy.
+    code = ("import sys; sys.path[1:1] = [%r, %r]; import sglang_hotfix_trtllm as h; h.apply();"
+            " import scenarios; scenarios.describe()") % (str(SUPPORT), venv_site_packages)
+    ran = run_python(["-S", "-c", code], cwd=tmp_path)
+    assert ran.returncode == 0, ran
+    assert ran.result["attribute_type"] == PATCHED
 
 
 def test_python_dash_I_is_still_patched(tmp_path):
@@ -251,6 +253,6 @@ def test_startup_reads_only_its_documented_variable_writes_nothing_opens_no_sock
     r = ran.result
     assert r["armed"] is True
     assert r["writes"] == [] and r["other_events"] == []
-    # Of the environment, the startup hook reads only the disable switch.
+    # Of the environment, the startup module reads only the disable switch.
     assert r["env_keys"] == ["SGLANG_HOTFIX_TRTLLM_DISABLE"]
     assert any(path.endswith("sglang_hotfix_trtllm.pth") for path in r["opened"])

@@ -22,7 +22,7 @@ import zipfile
 import pytest
 
 import variants
-from conftest import SUPPORT, TARGET_RELATIVE, Ran, clean_env, run_python
+from conftest import SUPPORT, TARGET_RELATIVE, Ran, clean_env, run_python, shadow
 from sglang_hotfix_trtllm import pr26521
 from sglang_hotfix_trtllm.record import Verdict
 
@@ -64,10 +64,7 @@ def sglang_copy(tmp_path, installed_backend_path):
 
 
 def shadow_wrapt(tmp_path, stub):
-    folder = tmp_path / "shadow"
-    (folder / "wrapt").mkdir(parents=True)
-    (folder / "wrapt" / "__init__.py").write_text(stub + "\n")
-    return str(folder)
+    return shadow(tmp_path, "wrapt", stub)
 
 
 # --- 1. status predicts what a new process does --------------------------------
@@ -263,27 +260,23 @@ def test_a_stale_startup_file_never_stops_python_or_writes_to_stdout(stale_pth_p
     code, stdout, stderr = _start(stale_pth_python, stderr_mode, tmp_path)
     assert code == 0 and stdout == "alive\n"
     if stderr is not None:
-        assert len(stderr.strip().splitlines()) == 1 and "startup hook failed" in stderr
+        assert len(stderr.strip().splitlines()) == 1 and "startup module failed" in stderr
 
 
 @pytest.mark.parametrize("stderr_mode", ["closed", "broken_pipe"])
 @pytest.mark.parametrize("damage", ["raises", "syntax_error"])
 def test_a_corrupt_startup_module_never_stops_python(tmp_path, stderr_mode, damage):
     """Promise 4: the startup module itself broken, stderr unusable: Python starts, stdout clean."""
-    shadow = tmp_path / "shadow"
-    shadow.mkdir()
-    body = "raise ImportError('simulated broken install')\n" if damage == "raises" else "def (:\n"
-    (shadow / "sglang_hotfix_trtllm_autoload.py").write_text(body)
-    code, stdout, _ = _start(sys.executable, stderr_mode, tmp_path, env=clean_env(PYTHONPATH=str(shadow)))
+    body = "raise ImportError('simulated broken install')" if damage == "raises" else "def (:"
+    folder = shadow(tmp_path, "sglang_hotfix_trtllm_autoload.py", body)
+    code, stdout, _ = _start(sys.executable, stderr_mode, tmp_path, env=clean_env(PYTHONPATH=folder))
     assert code == 0 and stdout == "alive\n"
 
 
 def test_a_broken_package_with_stderr_none_does_not_fail_sglangs_import(tmp_path):
     """Promise 4: the engine cannot load and sys.stderr is None: SGLang's import still succeeds."""
-    shadow = tmp_path / "shadow" / "sglang_hotfix_trtllm"
-    shadow.mkdir(parents=True)
-    (shadow / "__init__.py").write_text("raise RuntimeError('simulated partial install')\n")
-    ran = fault("import_with_stderr_none", env=clean_env(PYTHONPATH=str(tmp_path / "shadow")), cwd=tmp_path)
+    folder = shadow(tmp_path, "sglang_hotfix_trtllm", "raise RuntimeError('simulated partial install')")
+    ran = fault("import_with_stderr_none", env=clean_env(PYTHONPATH=folder), cwd=tmp_path)
     assert ran.returncode == 0 and "error" not in ran.result, ran
     assert ran.result["attribute_type"] == "function"
 

@@ -19,7 +19,7 @@ import variants
 from capture_harness import compare_with_oracle
 from conftest import CACHE
 from upstream_fix import upstream_fixed_method
-from sglang_hotfix_trtllm import engine, pr26521
+from sglang_hotfix_trtllm import detect, engine, patch, pr26521
 from sglang_hotfix_trtllm.record import Verdict
 
 HOTFIX = pr26521.HOTFIX
@@ -68,7 +68,7 @@ def test_shipped_table_covers_every_published_release_it_could_know():
 @pytest.mark.parametrize("release", RELEASES)
 def test_release_gets_its_verdict_from_its_own_source(release):
     path = release_dir(release) / isolated_release.BACKEND
-    assessment = engine.assess_source(HOTFIX, str(path))
+    assessment = detect.assess_source(HOTFIX, str(path))
     assert assessment.verdict is expected_verdict(release), assessment.reason
     assert release in assessment.known_releases
     assert assessment.fingerprint == TABLE[release]["fingerprint"]
@@ -82,11 +82,11 @@ def test_wrapped_release_method_equals_its_upstream_fix(release):
     oracle = upstream_fixed_method(module)
     # The plugin's real path: the engine's handler, as the import hook calls it.
     assert engine.handle(HOTFIX, module) == "patched"
-    assert engine.is_patched(HOTFIX, cls)
+    assert patch.is_patched(HOTFIX, cls)
     try:
         compared, mismatches, unpatched_differs = compare_with_oracle(cls, module.ForwardMode, oracle, original)
     finally:
-        engine.remove_all()
+        patch.remove_all()
     assert cls.__dict__["init_forward_metadata_capture_cuda_graph"] is original
     assert compared == 300 and mismatches == []
     assert unpatched_differs == {"draft_decode": 30, "idle_draft_decode": 30}
@@ -97,7 +97,7 @@ def test_hand_made_variants_of_release(release):
     text = (release_dir(release) / isolated_release.BACKEND).read_text(encoding="utf-8")
 
     def verdict(source_text):
-        return engine.assess_source(HOTFIX, "trtllm_mha_backend.py", text=source_text).verdict
+        return detect.assess_source(HOTFIX, "trtllm_mha_backend.py", text=source_text).verdict
 
     assert verdict(variants.fixed_source_text(text)) is Verdict.FIXED
     for variant in (variants.with_renamed_key, variants.without_draft_branch, variants.with_extra_write, variants.with_write_after_use):

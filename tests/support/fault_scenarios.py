@@ -53,10 +53,10 @@ def reimported():
     first_cls = first.TRTLLMHAAttnBackend
     del sys.modules[TARGET_MODULE]
     second = _import_backend()
-    from sglang_hotfix_trtllm import engine
+    from sglang_hotfix_trtllm import patch
 
     _result(distinct=first is not second, first=_describe(first), second=_describe(second),
-            patched_records=len(engine._patched), first_still=type(first_cls.__dict__[METHOD]).__name__)
+            patched_records=len(patch._patched), first_still=type(first_cls.__dict__[METHOD]).__name__)
 
 
 def concurrent_imports(threads="16"):
@@ -75,10 +75,10 @@ def concurrent_imports(threads="16"):
         thread.start()
     for thread in pool:
         thread.join()
-    from sglang_hotfix_trtllm import engine
+    from sglang_hotfix_trtllm import patch
 
     module = sys.modules[TARGET_MODULE]
-    _result(errors=errors, patched_records=len(engine._patched), **_describe(module))
+    _result(errors=errors, patched_records=len(patch._patched), **_describe(module))
 
 
 def fork_child():
@@ -90,9 +90,9 @@ def fork_child():
         import sglang_hotfix_trtllm_autoload
 
         sglang_hotfix_trtllm_autoload.install()  # as a forked worker re-running start-up code would
-        from sglang_hotfix_trtllm import engine
+        from sglang_hotfix_trtllm import patch
 
-        payload = dict(_describe(module), records=len(engine._patched))
+        payload = dict(_describe(module), records=len(patch._patched))
         os.write(write, json.dumps(payload).encode())
         os._exit(0)
     os.close(write)
@@ -131,15 +131,15 @@ def hook_registry(order):
         module = _import_backend()  # our hook wraps at import
         HookRegistry.apply_hooks()
     cls = module.TRTLLMHAAttnBackend
-    from sglang_hotfix_trtllm import engine, pr26521
+    from sglang_hotfix_trtllm import detect, engine, patch, pr26521
 
     original = None
-    for layer in engine._chain(cls.__dict__[METHOD]):
+    for layer in patch._chain(cls.__dict__[METHOD]):
         original = layer
     compared, mismatches, unpatched_differs = compare_with_oracle(cls, ForwardMode, upstream_fixed_method(module), original)
     top = cls.__dict__[METHOD]
-    restored = engine.remove_all()
-    _result(order=order, patched=engine.is_patched(pr26521.HOTFIX, cls) if restored == 0 else None,
+    restored = patch.remove_all()
+    _result(order=order, patched=patch.is_patched(pr26521.HOTFIX, cls) if restored == 0 else None,
             top_type=type(top).__name__, top_file=getattr(getattr(top, "__code__", None), "co_filename", None),
             hook_calls=len(calls), compared=compared, mismatches=mismatches, unpatched_differs=unpatched_differs,
             restored=restored, after_remove_top_is_same=cls.__dict__[METHOD] is top)
@@ -151,7 +151,7 @@ def cycles_memory(count="2000"):
 
     module = _import_backend()
     import sglang_hotfix_trtllm
-    from sglang_hotfix_trtllm import engine
+    from sglang_hotfix_trtllm import patch
 
     cls = module.TRTLLMHAAttnBackend
     original = cls.__dict__[METHOD].__wrapped__
@@ -170,13 +170,13 @@ def cycles_memory(count="2000"):
     after = tracemalloc.get_traced_memory()[0]
     sglang_hotfix_trtllm.apply()
     _result(growth_bytes=after - before, meta_path_growth=len(sys.meta_path) - meta_before - 1,
-            records=len(engine._patched), wrapped_is_original=cls.__dict__[METHOD].__wrapped__ is original,
+            records=len(patch._patched), wrapped_is_original=cls.__dict__[METHOD].__wrapped__ is original,
             single_layer=not hasattr(cls.__dict__[METHOD].__wrapped__, "__wrapped__"))
 
 
 def audited_startup():
     """Run site's start-up (python -S, then site.main()) under an audit hook and
-    a recording os.environ: what does the startup hook touch?"""
+    a recording os.environ: what does the startup module touch?"""
     events = []
 
     def audit(event, args):
@@ -232,9 +232,9 @@ def _import_outcome():
     except Exception as error:
         return {"error": "%s: %s" % (type(error).__name__, str(error)[:200])}
     try:
-        from sglang_hotfix_trtllm import engine
+        from sglang_hotfix_trtllm import patch
 
-        records = len(engine._patched)
+        records = len(patch._patched)
     except Exception:  # the package may be the broken one a test put in place
         records = None
     return dict(_describe(module), records=records, finders=_finders())

@@ -3,7 +3,7 @@
 ``python scenarios.py NAME [ARG]`` runs one scenario and prints its findings as
 one line ``RESULT:<json>`` on stdout; tests assert on that. Each scenario
 imports SGLang's real backend module the way SGLang would, so the plugin
-arrives through its real startup hook (or entry point), never from the
+arrives through its real startup module (or entry point), never from the
 repository's source tree.
 """
 
@@ -60,7 +60,7 @@ def import_only():
 
 
 def startup_only():
-    """A process that never imports SGLang: what did the startup hook load?"""
+    """A process that never imports SGLang: what did the startup module load?"""
     import sys as _sys
 
     heavy = sorted(m for m in _sys.modules if m.split(".")[0] in ("wrapt", "torch", "sglang", "sglang_hotfix_trtllm"))
@@ -142,7 +142,7 @@ def identity_and_cycles():
     signature_before = str(inspect.signature(cls.init_forward_metadata_capture_cuda_graph))
     os.environ.pop("SGLANG_HOTFIX_TRTLLM_DISABLE", None)
     import sglang_hotfix_trtllm
-    from sglang_hotfix_trtllm import engine
+    from sglang_hotfix_trtllm import engine, patch
 
     first = sglang_hotfix_trtllm.apply()
     after_first = cls.__dict__[METHOD]
@@ -175,7 +175,7 @@ def identity_and_cycles():
         unchanged_after_remove=unchanged_after_remove,
         cycles=cycles,
         final_is_original=cls.__dict__[METHOD] is original,
-        patched_records=len(engine._patched),
+        patched_records=len(patch._patched),
     )
 
 
@@ -198,7 +198,7 @@ def spawn_child():
 
 
 def sglang_plugin_loader():
-    """SGLang's own plugin loader, with the startup hook disarmed first."""
+    """SGLang's own plugin loader, with the startup module disarmed first."""
     import sglang_hotfix_trtllm_autoload
 
     sglang_hotfix_trtllm_autoload.uninstall()
@@ -209,7 +209,7 @@ def sglang_plugin_loader():
     hook_armed = sglang_hotfix_trtllm_autoload.is_installed()
     module = _import_backend()
     findings = _describe(module)
-    # Both paths now: the startup hook's install() again must not wrap twice.
+    # Both paths now: the startup module's install() again must not wrap twice.
     sglang_hotfix_trtllm_autoload.install()
     load_plugins()
     findings.update(loaded_backend_early=loaded_backend_early, hook_armed=hook_armed,
@@ -241,8 +241,32 @@ def wrapt_in_use():
     _result(wrapt_file=wrapt.__file__, wrapt_version=getattr(wrapt, "__version__", None), **_describe(module))
 
 
+def toy_record():
+    """A second record, for a toy module on PYTHONPATH, through the real machinery."""
+    import importlib
+
+    import toy_record as toy
+    import sglang_hotfix_trtllm
+    from sglang_hotfix_trtllm import catalog, status
+
+    toy.register()
+    module = importlib.import_module(toy.MODULE)  # the import hook fires here
+    counter = module.Counter()
+    patched_value = counter.next_value(41)
+    report, assessment, code = status.of_environment(toy.TOY)
+    json.dumps(report)  # what `status --json` prints for it
+    patch = sys.modules.get("sglang_hotfix_trtllm.patch")  # loaded only when something was wrapped
+    records = sorted(hotfix.name for _, hotfix, _ in patch._patched) if patch else []
+    wrapper_type = type(module.Counter.__dict__["next_value"]).__name__
+    restored = sglang_hotfix_trtllm.remove()
+    _result(patched_value=patched_value, wrapper_type=wrapper_type,
+            records=records, catalog=[h.name for h in catalog.HOTFIXES], verdict=report["verdict"],
+            would_patch=report["would_patch"], exit=code, restored=restored, after_remove=counter.next_value(41),
+            sglang_imported="sglang" in sys.modules)
+
+
 SCENARIOS = {f.__name__: f for f in (
-    wrapt_in_use,
+    wrapt_in_use, toy_record,
     describe, import_only, startup_only, equivalence, draft_decode_values, replay_untouched, identity_and_cycles,
     spawn_child, sglang_plugin_loader, overlay,
 )}

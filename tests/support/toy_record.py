@@ -1,0 +1,62 @@
+"""A second hotfix, as one record, for a toy module: the proof that adding a
+hotfix touches no engine file. The bug: ``toy_pkg.toy_module.Counter.next_value``
+returns ``value`` where upstream (toy PR #1) returns ``value + 1``.
+
+Everything generic comes from the package (``detect`` for the live
+definitions); only what is specific to this bug is here.
+"""
+
+import ast
+
+from sglang_hotfix_trtllm import detect
+from sglang_hotfix_trtllm.fingerprint import of_node
+from sglang_hotfix_trtllm.record import Classification, Hotfix, Verdict
+
+MODULE = "toy_pkg.toy_module"
+BUGGY = "def next_value(self, value):\n    return value\n"
+FIXED = "def next_value(self, value):\n    return value + 1\n"
+
+
+def module_source(method_source):
+    body = "".join("    " + line + "\n" for line in method_source.splitlines())
+    return "class Counter:\n" + body
+
+
+def classify(tree):
+    cls, problem = detect.live_class(tree, "Counter")
+    if cls is None:
+        return Classification(Verdict.UNKNOWN, problem, of_node(tree))
+    method, problem = detect.live_method(tree, cls, "next_value")
+    if method is None:
+        return Classification(Verdict.UNKNOWN, problem or "next_value not found", of_node(cls))
+    body = ast.unparse(method)
+    verdict = {ast.unparse(ast.parse(BUGGY)): Verdict.AFFECTED, ast.unparse(ast.parse(FIXED)): Verdict.FIXED}.get(body, Verdict.UNKNOWN)
+    return Classification(verdict, "next_value is the %s one" % verdict, of_node(method), detect.first_line_of(method))
+
+
+def add_one(wrapped, instance, args, kwargs):
+    return wrapped(*args, **kwargs) + 1
+
+
+TOY = Hotfix(
+    name="toy1",
+    upstream="toy PR #1",
+    summary="Counter.next_value counts",
+    effect="next_value now counts",
+    distribution="toy-dist",
+    module=MODULE,
+    class_name="Counter",
+    method_name="next_value",
+    classify=classify,
+    wrapper=add_one,
+)
+
+
+def register():
+    """What adding the record to the package would do: list it in the catalog
+    and its module in the startup module's WATCHED_MODULES."""
+    import sglang_hotfix_trtllm_autoload
+    from sglang_hotfix_trtllm import catalog
+
+    catalog.HOTFIXES = catalog.HOTFIXES + (TOY,)
+    sglang_hotfix_trtllm_autoload.WATCHED_MODULES = sglang_hotfix_trtllm_autoload.WATCHED_MODULES | {MODULE}

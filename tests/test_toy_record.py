@@ -1,0 +1,46 @@
+"""A second hotfix is one new file: a toy record for a toy module (written here
+into a temporary folder) goes through the real machinery -- the import hook,
+verdicts from its source, wrapping, status, remove() -- with no change to any
+engine file. The toy record lives in tests/support/toy_record.py."""
+
+import pytest
+
+import toy_record
+from conftest import clean_env
+
+
+@pytest.fixture
+def toy_module(tmp_path):
+    def write(method_source):
+        package = tmp_path / "toys" / "toy_pkg"
+        package.mkdir(parents=True, exist_ok=True)
+        (package / "__init__.py").write_text("")
+        (package / "toy_module.py").write_text(toy_record.module_source(method_source))
+        return str(tmp_path / "toys")
+    return write
+
+
+def env_for(folder):
+    from conftest import SUPPORT
+
+    return clean_env(PYTHONPATH="%s:%s" % (folder, SUPPORT))
+
+
+def test_a_toy_record_is_applied_reported_and_removed(scenario, toy_module):
+    ran = scenario("toy_record", env=env_for(toy_module(toy_record.BUGGY)))
+    assert ran.returncode == 0, ran
+    r = ran.result
+    assert r["catalog"] == ["pr26521", "toy1"] and r["sglang_imported"] is False
+    assert r["patched_value"] == 42 and r["wrapper_type"] == "HotfixWrapper" and r["records"] == ["toy1"]
+    assert r["verdict"] == "affected" and r["would_patch"] is True and r["exit"] == 0
+    assert r["restored"] == 1 and r["after_remove"] == 41
+    (line,) = [l for l in ran.hotfix_lines() if "INFO: patched" in l]
+    assert "patched toy_pkg.toy_module.Counter.next_value" in line and "next_value now counts as toy PR #1 does" in line
+
+
+def test_a_toy_module_that_has_the_fix_is_left_alone(scenario, toy_module):
+    ran = scenario("toy_record", env=env_for(toy_module(toy_record.FIXED)))
+    r = ran.result
+    assert r["patched_value"] == 42 and r["wrapper_type"] == "function" and r["records"] == []
+    assert r["verdict"] == "fixed" and r["exit"] == 0
+    assert any("upstream already has the fix" in l for l in ran.hotfix_lines())
