@@ -17,7 +17,7 @@ class ReleaseTable(Mapping):
     """fingerprint -> (verdict, releases sharing that fingerprint, oldest first)."""
 
     def __init__(self, filename):
-        self._path = os.path.join(os.path.dirname(os.path.abspath(__file__)), filename)
+        self.path = os.path.join(os.path.dirname(os.path.abspath(__file__)), filename)
         self._by_fingerprint = None
         self.rows = ()
         self.problem = None  # why the file could not be read, if it could not
@@ -27,13 +27,13 @@ class ReleaseTable(Mapping):
             return self._by_fingerprint
         table = {}
         try:
-            with open(self._path, encoding="utf-8") as handle:
+            with open(self.path, encoding="utf-8") as handle:
                 self.rows = tuple(json.load(handle)["releases"])
             for row in self.rows:
                 verdict, releases = table.get(row["fingerprint"], (Verdict(row["verdict"]), ()))
                 table[row["fingerprint"]] = (verdict, releases + (row["release"],))
         except (OSError, ValueError, KeyError, TypeError) as error:
-            self.problem = "%s: %s: %s" % (self._path, type(error).__name__, error)
+            self.problem = "%s: %s: %s" % (self.path, type(error).__name__, error)
             table = {}
         self._by_fingerprint = table
         return table

@@ -3,15 +3,17 @@
     python tools/scan_releases.py --cache DIR [--releases V1,V2,...] [--write]
 
 For each SGLang release from 0.5.1 on (or the ones named), it fetches the
-release (``pip download --no-deps``), keeps only the two files the hotfix and
-its tests read (``trtllm_mha_backend.py`` and ``forward_batch_info.py``) under
-``DIR/<release>/``, and classifies the backend source with the package's
-*structural* analysis (never with the shipped table it is about to write).
-It prints one row per release; with ``--write`` it also rewrites
+release (``pip download --no-deps``), keeps only the files the hotfixes and
+their tests read (each record's target module, and ``forward_batch_info.py``)
+under ``DIR/<release>/``, and classifies each record's target source with the
+record's *structural* analysis (never with the shipped table it is about to
+write). It loops over the package's catalog; for each record that ships a
+release table it prints one row per release, and with ``--write`` rewrites
 
-* ``sglang_hotfix_trtllm/pr26521_releases.json``: the table the detector uses
-  (fingerprint -> verdict and releases), and
-* the compatibility table in ``README.md`` between its ``releases`` markers.
+* that table (e.g. ``sglang_hotfix_trtllm/pr26521_releases.json``:
+  fingerprint -> verdict and releases), and
+* the compatibility table in ``README.md`` between the record's
+  ``<!-- releases:NAME:begin -->`` and ``<!-- releases:NAME:end -->`` markers.
 
 Nothing from SGLang is committed: fetched files stay in the cache folder the
 caller names. The index is the one pip is configured with; upload dates come
@@ -38,14 +40,25 @@ import zipfile
 from packaging.version import Version
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-TABLE = REPO / "sglang_hotfix_trtllm" / "pr26521_releases.json"
 README = REPO / "README.md"
 FIRST_RELEASE = Version("0.5.1")
-KEPT_FILES = {
-    "backend": "sglang/srt/layers/attention/trtllm_mha_backend.py",
-    "forward_batch_info": "sglang/srt/model_executor/forward_batch_info.py",
-}
-README_BEGIN, README_END = "<!-- releases:begin -->", "<!-- releases:end -->"
+# What the tests read beside the records' own modules (the release's ForwardMode).
+EXTRA_FILES = ("sglang/srt/model_executor/forward_batch_info.py",)
+
+
+def records():
+    """The catalog's records that ship a release table."""
+    from sglang_hotfix_trtllm import catalog
+
+    return [h for h in catalog.HOTFIXES if getattr(h.known_fingerprints, "path", None)]
+
+
+def module_file(hotfix):
+    return hotfix.module.replace(".", "/") + ".py"
+
+
+def kept_files():
+    return sorted({module_file(h) for h in records()} | set(EXTRA_FILES))
 
 
 def _pip(*args, capture=True):
@@ -116,7 +129,7 @@ def fetch(cache, release):
         (wheel,) = pathlib.Path(download).glob("sglang-*.whl")
         with zipfile.ZipFile(wheel) as archive:
             names = set(archive.namelist())
-            for member in KEPT_FILES.values():
+            for member in kept_files():
                 if member in names:
                     target = folder / member
                     target.parent.mkdir(parents=True, exist_ok=True)
@@ -127,35 +140,30 @@ def fetch(cache, release):
     return folder
 
 
-def backend_path(cache, release):
-    return release_dir(cache, release) / KEPT_FILES["backend"]
-
-
-def classify(cache, release):
-    """(verdict, fingerprint, reason) from the structural analysis alone."""
-    from sglang_hotfix_trtllm import pr26521
-
-    path = backend_path(cache, release)
+def classify(cache, release, hotfix):
+    """(verdict, fingerprint, reason) from the record's structural analysis alone."""
+    path = release_dir(cache, release) / module_file(hotfix)
     if not path.exists():
-        return "not-applicable", None, "no trtllm_mha_backend module"
-    result = pr26521.classify(ast.parse(path.read_text(encoding="utf-8")))
+        return "not-applicable", None, "no %s module" % hotfix.module
+    result = hotfix.classify(ast.parse(path.read_text(encoding="utf-8")))
     return result.verdict.value, result.fingerprint, result.reason
 
 
-def scan(cache, releases, dates):
+def scan(cache, releases, dates, hotfix):
     rows = []
     for release in releases:
         fetch(cache, release)
-        verdict, fingerprint, reason = classify(cache, release)
+        verdict, fingerprint, reason = classify(cache, release, hotfix)
         rows.append({"release": release, "date": dates.get(release), "verdict": verdict, "fingerprint": fingerprint, "reason": reason})
-        print("%-14s %-10s %-15s %-22s %s" % (release, dates.get(release) or "-", verdict, fingerprint, reason), flush=True)
+        print("%-8s %-14s %-10s %-15s %-22s %s" % (hotfix.name, release, dates.get(release) or "-", verdict, fingerprint, reason),
+              flush=True)
     return rows
 
 
-def table_data(rows):
+def table_data(rows, hotfix):
     return {
         "about": "Written by tools/scan_releases.py from SGLang's published releases; do not edit by hand.",
-        "hotfix": "pr26521",
+        "hotfix": hotfix.name,
         "releases": [{k: row[k] for k in ("release", "date", "verdict", "fingerprint")} for row in rows],
     }
 
@@ -186,9 +194,10 @@ def readme_table(rows):
     return "\n".join(lines)
 
 
-def write_readme(rows):
+def write_readme(rows, hotfix):
     text = README.read_text(encoding="utf-8")
-    begin, end = text.index(README_BEGIN) + len(README_BEGIN), text.index(README_END)
+    begin_marker, end_marker = "<!-- releases:%s:begin -->" % hotfix.name, "<!-- releases:%s:end -->" % hotfix.name
+    begin, end = text.index(begin_marker) + len(begin_marker), text.index(end_marker)
     README.write_text(text[:begin] + "\n" + readme_table(rows) + "\n" + text[end:], encoding="utf-8")
 
 
@@ -199,15 +208,18 @@ def main(argv=None):
     parser.add_argument("--write", action="store_true", help="rewrite the shipped table and the README's table")
     arguments = parser.parse_args(argv)
     releases = arguments.releases.split(",") if arguments.releases else list_releases()
-    rows = scan(arguments.cache, releases, upload_dates())
-    counts = {}
-    for row in rows:
-        counts[row["verdict"]] = counts.get(row["verdict"], 0) + 1
-    print("%d releases: %s" % (len(rows), ", ".join("%d %s" % (n, v) for v, n in sorted(counts.items()))))
-    if arguments.write:
-        TABLE.write_text(json.dumps(table_data(rows), indent=1) + "\n", encoding="utf-8")
-        write_readme(rows)
-        print("wrote %s and the README's compatibility table" % TABLE.relative_to(REPO))
+    dates = upload_dates()
+    for hotfix in records():
+        rows = scan(arguments.cache, releases, dates, hotfix)
+        counts = {}
+        for row in rows:
+            counts[row["verdict"]] = counts.get(row["verdict"], 0) + 1
+        print("%s: %d releases: %s" % (hotfix.name, len(rows), ", ".join("%d %s" % (n, v) for v, n in sorted(counts.items()))))
+        if arguments.write:
+            table = pathlib.Path(hotfix.known_fingerprints.path)
+            table.write_text(json.dumps(table_data(rows, hotfix), indent=1) + "\n", encoding="utf-8")
+            write_readme(rows, hotfix)
+            print("wrote %s and the README's compatibility table for %s" % (table.relative_to(REPO), hotfix.name))
     return 0
 
 
