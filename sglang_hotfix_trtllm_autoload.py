@@ -1,4 +1,4 @@
-"""Startup hook of sglang-hotfix-trtllm: arm a lazy import hook, nothing else.
+"""Startup module of sglang-hotfix-trtllm: arm the lazy import hook, nothing else.
 
 Runs from ``sglang_hotfix_trtllm.pth`` (or, where Python implements PEP 829,
 ``sglang_hotfix_trtllm.start``) in *every* Python process of the environment.

@@ -76,7 +76,9 @@ class Hotfix(Value):
       ``summary``: what the fix does, in one line (``--help``); ``effect``: what
       now happens, for the log line "patched ...: <effect> as <upstream> does".
     * ``distribution``: the distribution that ships the target module.
-    * ``module``, ``class_name``, ``method_name``: the target.
+    * ``target``: the method, by dotted path ("package.module.Class.method", as
+      SGLang's HookRegistry names targets); ``module``, ``class_name`` and
+      ``method_name`` are its parts.
     * ``classify(tree) -> Classification``: verdict from the code's structure
       (of the live definitions, see ``detect``).
     * ``wrapper(wrapped, instance, args, kwargs)``: the wrapt wrapper.
@@ -84,13 +86,21 @@ class Hotfix(Value):
     * ``probe``: "module:function" run by ``verify`` on the imported target.
     """
 
-    __slots__ = ("name", "upstream", "summary", "effect", "distribution", "module", "class_name", "method_name",
-                 "classify", "wrapper", "known_fingerprints", "probe")
+    __slots__ = ("name", "upstream", "summary", "effect", "distribution", "target", "classify", "wrapper",
+                 "known_fingerprints", "probe")
     _defaults = {"known_fingerprints": {}, "probe": None, "summary": "", "effect": "patched"}
 
     @property
-    def target(self):
-        return "%s.%s.%s" % (self.module, self.class_name, self.method_name)
+    def module(self):
+        return self.target.rsplit(".", 2)[0]
+
+    @property
+    def class_name(self):
+        return self.target.rsplit(".", 2)[1]
+
+    @property
+    def method_name(self):
+        return self.target.rsplit(".", 2)[2]
 
 
 

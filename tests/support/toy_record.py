@@ -38,18 +38,9 @@ def add_one(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs) + 1
 
 
-TOY = Hotfix(
-    name="toy1",
-    upstream="toy PR #1",
-    summary="Counter.next_value counts",
-    effect="next_value now counts",
-    distribution="toy-dist",
-    module=MODULE,
-    class_name="Counter",
-    method_name="next_value",
-    classify=classify,
-    wrapper=add_one,
-)
+# Only what differs from the defaults: no release table, no probe, no summary.
+TOY = Hotfix(name="toy1", upstream="toy PR #1", effect="next_value now counts", distribution="toy-dist",
+             target=MODULE + ".Counter.next_value", classify=classify, wrapper=add_one)
 
 
 def register():
