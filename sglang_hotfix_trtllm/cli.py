@@ -85,31 +85,43 @@ def _human(report, code, state):
 def status(arguments):
     from . import status as state
 
+    if arguments.source:
+        return _status_of_source(arguments, state)
+    reports, texts, worst = [], [], state.EXIT_OK
+    for hotfix in catalog.HOTFIXES:
+        report, assessment, code = state.of_environment(hotfix)
+        if code == state.EXIT_ERROR:
+            diagnose("%s: %s: %s" % (hotfix.name, assessment.verdict, report["would_patch_reason"]
+                                     if assessment.verdict is not Verdict.UNKNOWN else assessment.reason))
+        reports.append(report)
+        texts.append(_human(report, code, state))
+        worst = max(worst, code)
+    if arguments.json:
+        # The first record's report at the top level (the shape of format 1), and every
+        # record's report under "hotfixes", so that the shape does not change with their number.
+        document = dict(reports[0], hotfixes=reports)
+        return _write_result(json.dumps(document, indent=2, sort_keys=True) + "\n", worst)
+    return _write_result("\n".join(texts), worst)
+
+
+def _status_of_source(arguments, state):
     texts, worst = [], state.EXIT_OK
     for hotfix in catalog.HOTFIXES:
-        if arguments.source:
-            try:
-                tree, assessments, code = state.of_tree(hotfix, arguments.source)
-            except state.PathProblem as problem:
-                diagnose("status --source: %s" % problem)
-                return state.EXIT_BAD_PATH
-            single = os.path.isfile(arguments.source)
-            report = dict(tree["sources"][0], format_version=state.FORMAT_VERSION) if single else tree
-            if code == state.EXIT_ERROR:
-                for assessment in assessments:
-                    if assessment.verdict is Verdict.UNKNOWN:
-                        diagnose("%s: %s: %s" % (assessment.source_path, assessment.verdict, assessment.reason))
-            if arguments.json:
-                texts.append(json.dumps(report, indent=2, sort_keys=True) + "\n")
-            else:
-                sources = [report] if single else report["sources"]
-                texts.append("".join(_human(r, code, state) + ("\n" if len(sources) > 1 else "") for r in sources))
+        try:
+            tree, assessments, code = state.of_tree(hotfix, arguments.source)
+        except state.PathProblem as problem:
+            diagnose("status --source: %s" % problem)
+            return state.EXIT_BAD_PATH
+        single = os.path.isfile(arguments.source)
+        report = dict(tree["sources"][0], format_version=state.FORMAT_VERSION) if single else tree
+        for assessment in assessments:
+            if assessment.verdict is Verdict.UNKNOWN:
+                diagnose("%s: %s: %s" % (assessment.source_path, assessment.verdict, assessment.reason))
+        if arguments.json:
+            texts.append(json.dumps(report, indent=2, sort_keys=True) + "\n")
         else:
-            report, assessment, code = state.of_environment(hotfix)
-            if code == state.EXIT_ERROR:
-                diagnose("%s: %s" % (assessment.verdict, report["would_patch_reason"] if assessment.verdict is not Verdict.UNKNOWN
-                                     else assessment.reason))
-            texts.append(json.dumps(report, indent=2, sort_keys=True) + "\n" if arguments.json else _human(report, code, state))
+            sources = [report] if single else report["sources"]
+            texts.append("".join(_human(r, code, state) + ("\n" if len(sources) > 1 else "") for r in sources))
         worst = max(worst, code)
     return _write_result("".join(texts), worst)
 
@@ -144,8 +156,10 @@ def _parser():
                     "started now would do: the verdict, and whether it would be patched.",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=STATUS_HELP)
     status_parser.add_argument("--json", action="store_true", help="print one JSON object (with a format_version key)")
+    files = ", ".join(sorted({h.module.rpartition(".")[2] + ".py" for h in catalog.HOTFIXES}))
     status_parser.add_argument("--source", metavar="PATH",
-                               help="classify this trtllm_mha_backend.py, or every one under this folder, instead of the installed one")
+                               help="classify this source file (%s), or every one under this folder, instead of the "
+                                    "installed one" % files)
     status_parser.set_defaults(run=status)
     verify_parser = verbs.add_parser(
         "verify", help="run the fix on the installed SGLang on CPU and compare with upstream's",

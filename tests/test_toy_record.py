@@ -1,6 +1,6 @@
 """A second hotfix is one new file: a toy record for a toy module (written here
 into a temporary folder) goes through the real machinery -- the import hook,
-verdicts from its source, wrapping, status, remove() -- with no change to any
+verdicts from its source, wrapping, `status --json`, remove() -- with no change to any
 engine file. The toy record lives in tests/support/toy_record.py."""
 
 import pytest
@@ -32,6 +32,8 @@ def test_a_toy_record_is_applied_reported_and_removed(scenario, toy_module):
     r = ran.result
     assert r["catalog"] == ["pr26521", "toy1"] and r["sglang_imported"] is False
     assert r["patched_value"] == 42 and r["wrapper_type"] == "HotfixWrapper" and r["records"] == ["toy1"]
+    # status --json: the toy record's entry; the exit status is the worst record's (SGLang 0.5.12
+    # in this environment is affected and protected: 0).
     assert r["verdict"] == "affected" and r["would_patch"] is True and r["exit"] == 0
     assert r["restored"] == 1 and r["after_remove"] == 41
     (line,) = [l for l in ran.hotfix_lines() if "INFO: patched" in l]

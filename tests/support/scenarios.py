@@ -247,14 +247,21 @@ def toy_record():
 
     import toy_record as toy
     import sglang_hotfix_trtllm
-    from sglang_hotfix_trtllm import catalog, status
+    from sglang_hotfix_trtllm import catalog
 
     toy.register()
     module = importlib.import_module(toy.MODULE)  # the import hook fires here
     counter = module.Counter()
     patched_value = counter.next_value(41)
-    report, assessment, code = status.of_environment(toy.TOY)
-    json.dumps(report)  # what `status --json` prints for it
+    import contextlib
+    import io
+
+    from sglang_hotfix_trtllm import cli
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = cli.main(["status", "--json"])  # `sglang-hotfix-trtllm status --json`, in this process
+    report = next(r for r in json.loads(printed.getvalue())["hotfixes"] if r["hotfix"] == toy.TOY.name)
     patch = sys.modules.get("sglang_hotfix_trtllm.patch")  # loaded only when something was wrapped
     records = sorted(hotfix.name for _, hotfix, _ in patch._patched) if patch else []
     wrapper_type = type(module.Counter.__dict__["next_value"]).__name__
