@@ -75,8 +75,8 @@ def _silence_stdout():
         pass
 
 
-def _human(report, code, state):
-    lines = [state.headline(report, code), ""] if "would_patch" in report else []
+def _human(report, state):
+    lines = [state.headline(report), ""] if "would_patch" in report else []
     width = max(len(key) for key in report)
     lines += ["%-*s  %s" % (width, key, state.readable(value)) for key, value in report.items() if key != "format_version"]
     return "\n".join(lines) + "\n"
@@ -94,7 +94,7 @@ def status(arguments):
             diagnose("%s: %s: %s" % (hotfix.name, assessment.verdict, report["would_patch_reason"]
                                      if assessment.verdict is not Verdict.UNKNOWN else assessment.reason))
         reports.append(report)
-        texts.append(_human(report, code, state))
+        texts.append(_human(report, state))
         worst = max(worst, code)
     if arguments.json:
         # The first record's report at the top level (the shape of format 1), and every
@@ -121,7 +121,7 @@ def _status_of_source(arguments, state):
             texts.append(json.dumps(report, indent=2, sort_keys=True) + "\n")
         else:
             sources = [report] if single else report["sources"]
-            texts.append("".join(_human(r, code, state) + ("\n" if len(sources) > 1 else "") for r in sources))
+            texts.append("".join(_human(r, state) + ("\n" if len(sources) > 1 else "") for r in sources))
         worst = max(worst, code)
     return _write_result("".join(texts), worst)
 

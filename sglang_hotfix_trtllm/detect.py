@@ -24,14 +24,21 @@ from .record import Value, Verdict
 _DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
+def _binds(node, name):
+    """True when this one node binds ``name``: a def or class of that name, an
+    import alias, or the name stored or deleted."""
+    if isinstance(node, _DEFINITIONS):
+        return node.name == name
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return any((alias.asname or alias.name.split(".")[0]) == name for alias in node.names)
+    return isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, (ast.Store, ast.Del))
+
+
 def _binds_directly(statement, name):
     """True when a simple statement binds ``name`` in the scope it sits in."""
     if isinstance(statement, _DEFINITIONS):
-        return statement.name == name
-    if isinstance(statement, (ast.Import, ast.ImportFrom)):
-        return any((alias.asname or alias.name.split(".")[0]) == name for alias in statement.names)
-    return any(isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, (ast.Store, ast.Del))
-               for node in _walk_scope(statement))
+        return statement.name == name  # its body is another scope
+    return any(_binds(node, name) for node in _walk_scope(statement))
 
 
 def _walk_scope(node):
@@ -50,15 +57,7 @@ def _walk_scope(node):
 
 def _nested_bindings(statement, name):
     """Lines where a compound statement binds ``name`` inside its branches."""
-    lines = []
-    for node in _walk_scope(statement):
-        if node is statement:
-            continue
-        if isinstance(node, _DEFINITIONS + (ast.Import, ast.ImportFrom)) and _binds_directly(node, name):
-            lines.append(node.lineno)
-        elif isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, (ast.Store, ast.Del)):
-            lines.append(node.lineno)
-    return lines
+    return [node.lineno for node in _walk_scope(statement) if node is not statement and _binds(node, name)]
 
 
 _COMPOUND = (ast.If, ast.Try, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith) + (

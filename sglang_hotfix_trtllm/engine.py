@@ -71,16 +71,13 @@ def _version_text(hotfix, path):
     return "%s %s" % (hotfix.distribution, version or "(version unknown: no distribution metadata)")
 
 
-RUNS_UNPATCHED = "SGLang runs unpatched"
-
-
-def _refuse(hotfix, strict, message):
-    """Warn that SGLang runs unpatched; in strict mode, stop the import instead
-    (and say so: the message must not promise that SGLang runs)."""
+def _refuse(hotfix, strict, message, cause=None, once=True):
+    """Say why ``hotfix`` is not applied and what follows: SGLang runs
+    unpatched (a warning), or, in strict mode, the import is stopped (raised)."""
     if strict:
-        message = message.replace(RUNS_UNPATCHED, "the import of %s is stopped" % hotfix.module)
-        raise HotfixError("sglang-hotfix-trtllm (strict mode, %s=1): %s" % (switches.STRICT, message))
-    say(logging.WARNING, "%s", message, once_key=("refused", hotfix.name))
+        raise HotfixError("sglang-hotfix-trtllm (strict mode, %s=1): %s; the import of %s is stopped" % (
+            switches.STRICT, message, hotfix.module)) from cause
+    say(logging.WARNING, "%s; SGLang runs unpatched", message, once_key=("refused", hotfix.name) if once else None)
 
 
 def handle(hotfix, module):
@@ -118,14 +115,14 @@ def handle(hotfix, module):
     if assessment.verdict is Verdict.UNKNOWN:
         _refuse(
             hotfix, current.strict,
-            "not patching %s: code not recognised (%s, %s, fingerprint %s): %s. %s; run `sglang-hotfix-trtllm status` "
+            "not patching %s: code not recognised (%s, %s, fingerprint %s): %s. Run `sglang-hotfix-trtllm status` "
             "for details" % (hotfix.target, _version_text(hotfix, path) if path else hotfix.distribution,
-                             path or "no source", assessment.fingerprint, assessment.reason, RUNS_UNPATCHED),
+                             path or "no source", assessment.fingerprint, assessment.reason),
         )
         return "refused"
     if decision.action == "refuse":
-        _refuse(hotfix, current.strict, "could not patch %s (%s, %s): %s; " % (
-            hotfix.target, _version_text(hotfix, path), path, decision.why) + RUNS_UNPATCHED)
+        _refuse(hotfix, current.strict, "could not patch %s (%s, %s): %s" % (
+            hotfix.target, _version_text(hotfix, path), path, decision.why))
         return "refused"
 
     from . import patch
@@ -133,8 +130,8 @@ def handle(hotfix, module):
     try:
         outcome = patch.wrap(hotfix, module, assessment)
     except Exception as error:
-        _refuse(hotfix, current.strict, "could not patch %s (%s, %s): %s: %s; " % (
-            hotfix.target, _version_text(hotfix, path), path, type(error).__name__, error) + RUNS_UNPATCHED)
+        _refuse(hotfix, current.strict, "could not patch %s (%s, %s): %s: %s" % (
+            hotfix.target, _version_text(hotfix, path), path, type(error).__name__, error), error)
         return "refused"
     if outcome == "wrapped":
         below = getattr(module, hotfix.class_name).__dict__[hotfix.method_name].__wrapped__
@@ -166,8 +163,5 @@ def on_module_imported(module, name=None):
         except HotfixError:
             raise
         except Exception as error:  # a bug here must not take the host down
-            message = "internal error while handling %s: %s: %s; " % (hotfix.target, type(error).__name__, error)
-            if switches.read().strict:
-                raise HotfixError(message + "the import of %s is stopped (strict mode)" % hotfix.module) from error
-            message += RUNS_UNPATCHED
-            say(logging.WARNING, "%s", message)
+            _refuse(hotfix, switches.read().strict, "internal error while handling %s: %s: %s" % (
+                hotfix.target, type(error).__name__, error), error, once=False)

@@ -67,7 +67,7 @@ def run(command):
 
 
 def _error(message):
-    try:
-        print("sglang-hotfix-trtllm run: " + message, file=sys.stderr or open(os.devnull, "w"))
-    except Exception:
-        pass
+    # The startup module's writer: one line on stderr, never on stdout, never raising.
+    import sglang_hotfix_trtllm_autoload
+
+    sglang_hotfix_trtllm_autoload._say("run: " + message)

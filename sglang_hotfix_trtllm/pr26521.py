@@ -40,12 +40,6 @@ SHARED_BODY_ENTRY = "init_forward_metadata_out_graph"
 BUFFER_DICT = "decode_cuda_graph_metadata"
 BUFFER_KEY = "cache_seqlens"
 METADATA_FIELD = "cache_seqlens_int32"
-STEP_ATTRIBUTE = "speculative_step_id"
-
-# The method's parameters after ``self``, in order: the wrapper finds its
-# inputs by these positions or names, so classify() demands exactly these.
-PARAMETERS = ("bs", "num_tokens", "req_pool_indices", "seq_lens", "encoder_lens", "forward_mode", "spec_info")
-_BS, _SEQ_LENS, _FORWARD_MODE, _SPEC_INFO = (PARAMETERS.index(n) for n in ("bs", "seq_lens", "forward_mode", "spec_info"))
 
 
 # --------------------------------------------------------------------------
@@ -56,6 +50,11 @@ def _arguments(self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, f
     """Binds a call exactly as the target method's parameter list does (classify()
     demands that list), so a call the method rejects is rejected here too."""
     return self, bs, seq_lens, forward_mode, spec_info
+
+
+# The method's parameters after ``self``, in order: the wrapper binds calls with
+# ``_arguments``, so classify() demands exactly its parameter list (one list, here).
+PARAMETERS = _arguments.__code__.co_varnames[1:_arguments.__code__.co_argcount]
 
 
 def prefill_draft_decode_seqlens(wrapped, instance, args, kwargs):
@@ -75,7 +74,7 @@ def prefill_draft_decode_seqlens(wrapped, instance, args, kwargs):
     except TypeError:
         return wrapped(*args, **kwargs)
     if spec_info is not None and forward_mode.is_decode_or_idle():
-        # Spelled out rather than getattr(BUFFER_DICT) / STEP_ATTRIBUTE: this runs on every capture call.
+        # Spelled out rather than getattr(BUFFER_DICT): this runs on every capture call.
         # `seq_lens + (step + 1)` is upstream's `seq_lens + step + 1` with one tensor operation instead of
         # two; integer addition is associative (wrap-around included), so the values are identical.
         backend.decode_cuda_graph_metadata[BUFFER_KEY][:bs].copy_(seq_lens + (backend.speculative_step_id + 1))

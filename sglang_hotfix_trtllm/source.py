@@ -83,8 +83,8 @@ def _find_submodule(fullname, locations):
 def locate(module_name):
     """Find ``module_name`` as the import system would, without importing any of
     its packages: the top-level package through ``sys.meta_path`` (which sees
-    editable installs too), then each submodule with ``PathFinder`` on its
-    parent's search locations (files, zips, namespace packages alike).
+    editable installs too), then each submodule through the path-entry finders
+    of its parent's search locations (files, zips, namespace packages alike).
 
     If the module is already imported, its own ``__spec__.origin`` is used: that
     is the file that actually ran.
@@ -101,18 +101,18 @@ def locate(module_name):
             return LocatedSource(module_name, None, "package %r is not installed" % parts[0], False, False)
         for depth in range(1, len(parts)):
             locations = list(spec.submodule_search_locations or [])
-            parent = ".".join(parts[:depth])
+            parent, name = ".".join(parts[:depth]), ".".join(parts[:depth + 1])
             if not locations:
                 return LocatedSource(module_name, None, "%r is a module, not a package" % parent, True, False)
             try:
-                spec = _find_submodule(".".join(parts[:depth + 1]), locations)
+                spec = _find_submodule(name, locations)
             except (ImportError, ValueError, OSError) as error:
                 spec = None
                 why = "%s: %s" % (type(error).__name__, error)
             else:
                 why = "not found under %s" % os.pathsep.join(locations)
             if spec is None:
-                return LocatedSource(module_name, None, "%s %s" % (".".join(parts[:depth + 1]), why), True, False)
+                return LocatedSource(module_name, None, "%s %s" % (name, why), True, False)
     path, problem = source_file(getattr(spec, "origin", None))
     if path is None:
         return LocatedSource(module_name, None, "%s exists, but %s" % (module_name, problem), True, True)

@@ -153,7 +153,7 @@ def of_tree(hotfix, root):
     return {"format_version": FORMAT_VERSION, "root": root, "sources": reports}, assessments, code
 
 
-def headline(report, code):
+def headline(report):
     """One line a person can act on, opening the human output."""
     verdict = report["verdict"]
     version = report.get("sglang_version") or "(version unknown)"

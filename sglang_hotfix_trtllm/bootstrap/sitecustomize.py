@@ -49,6 +49,9 @@ def _arm_hotfix():
 
 
 def _is_bootstrap_dir(path):
+    # The twin of sglang_hotfix_trtllm.launcher.is_bootstrap_dir, kept here because
+    # this file must not import the package (it may not be importable yet; see
+    # _arm_hotfix). Unlike it, an empty entry means the current folder, as on sys.path.
     import os
 
     path = os.path.abspath(path or os.curdir)
