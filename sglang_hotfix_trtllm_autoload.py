@@ -1,27 +1,35 @@
-"""Startup module of sglang-hotfix-trtllm: arm the lazy import hook, nothing else.
+"""Startup of sglang-hotfix-trtllm: the finder the ``.pth`` line arms, and what it loads.
 
-Runs from ``sglang_hotfix_trtllm.pth`` (or, where Python implements PEP 829,
-``sglang_hotfix_trtllm.start``) in *every* Python process of the environment.
-Constraints, kept because each costs start-up time in every process or could
-harm a host that never asked for SGLang:
+``sglang_hotfix_trtllm.pth`` runs in *every* Python process of the environment,
+so it imports nothing and compiles almost nothing: its one line (``startup_line``
+below writes it) evaluates a one-expression finder, a lambda that answers None
+for every module name but the watched ones, and puts it at the front of
+``sys.meta_path``. Importing even a tiny module there would cost 1.3x in every
+process wherever no bytecode exists (uv's default, ``pip --no-compile``,
+read-only images), because compiling source imports the tokenizer and the AST
+types; and a ``def`` or ``try`` costs more to compile than the lambda (README,
+Costs). Only when a watched module is looked up does the lambda compile its
+second string: load this module, guarded, and ask ``find_spec`` here. A missing
+or broken copy of this module then costs one line on stderr and the import goes
+on unpatched.
+
+This module is also imported by the SGLang plugin entry point, ``run``'s
+bootstrap and ``sglang_hotfix_trtllm.apply()``, which call ``install``.
+Constraints, kept because it runs inside SGLang's imports:
 
 * Standard library only, and only ``sys`` at module level. ``os`` is imported
   inside ``switch_on`` (already loaded at start-up, so free).
-* Small: the import hook's real work lives in ``sglang_hotfix_trtllm.import_hook``
-  and is imported only when a watched module is imported.
+* Small: the import hook's real work lives in ``sglang_hotfix_trtllm.import_hook``.
 * Never raises into the host (strict mode aside, see ``find_spec``) and never
   writes to stdout; at most one line on stderr, and only when stderr can take
   it (``_say``: stderr may be None, closed or a broken pipe).
 * Idempotent, across copies: the ``.pth`` may be read twice (a venv whose
-  ``lib64`` links to ``lib``), the SGLang plugin entry point calls ``install``
-  again, and this module may be reloaded or imported from a second install.
-  Every copy of the finder carries the attribute ``FINDER_MARK``; ``install``
-  arms one only when no marked finder is armed yet, and the import hook skips
-  all marked finders when it asks the others for the real spec.
-
-The finder placed at the front of ``sys.meta_path`` is ``find_spec`` below, a
-function carrying itself as its ``find_spec`` attribute, so no class is built
-at start-up. It answers ``None`` for every module but the watched ones.
+  ``lib64`` links to ``lib``), the plugin entry point calls ``install`` again,
+  and this module may be reloaded or imported from a second install. Every
+  copy of the finder (the ``.pth`` lambda, ``find_spec`` below) carries the
+  attribute ``FINDER_MARK``; ``install`` arms one only when no marked finder is
+  armed yet, and the import hook skips all marked finders when it asks the
+  others for the real spec.
 """
 
 import sys
@@ -73,8 +81,10 @@ def _load_import_hook(subject):
 
 def find_spec(fullname, path=None, target=None):
     """Meta-path finder: None for all but the watched modules; for those, the
-    regular spec with a loader that hands the module to the engine once run."""
-    if fullname not in WATCHED_MODULES:
+    regular spec with a loader that hands the module to the engine once run.
+    The disable switch is read here, at the lookup, because the ``.pth``
+    finder is armed without reading the environment."""
+    if fullname not in WATCHED_MODULES or switch_on(DISABLE_VARIABLE):
         return None
     hook = _load_import_hook(fullname)
     return None if hook is None else hook.find_spec(fullname, path, target)
@@ -95,19 +105,20 @@ def is_finder(candidate):
 def install():
     """Arm the hook in this process. Idempotent. Returns False when disabled.
 
-    If no copy of the finder was armed yet and a watched module is already
-    imported, it is handed to the engine now.
+    A watched module already imported (before any finder was armed, or while
+    the switch was on) is handed to the engine now; the engine wraps a class
+    at most once and says each line once, so calling this again is harmless.
     """
     if switch_on(DISABLE_VARIABLE):
         return False
     if not is_installed():
         sys.meta_path.insert(0, find_spec)
-        for name in WATCHED_MODULES:
-            module = sys.modules.get(name)
-            if module is not None:
-                hook = _load_import_hook(name)
-                if hook is not None:
-                    hook.module_executed(module, name)
+    for name in WATCHED_MODULES:
+        module = sys.modules.get(name)
+        if module is not None:
+            hook = _load_import_hook(name)
+            if hook is not None:
+                hook.module_executed(module, name)
     return True
 
 
@@ -118,3 +129,43 @@ def uninstall():
 
 def is_installed():
     return any(is_finder(finder) for finder in sys.meta_path)
+
+
+# What the .pth finder runs when a watched module is looked up: load this
+# module (the failure of that is the only one caught: strict mode's ImportError
+# from ``find_spec`` must reach the importer) and ask its ``find_spec``. ``args``
+# holds the finder's arguments; ``spec`` comes back through the finder's own
+# dictionary. Every character here is read at each start (the .pth line holds
+# it), so it stays short; stderr is line-buffered, the newline flushes it.
+_LOOKUP = (
+    "global spec\n"
+    "try:from sglang_hotfix_trtllm_autoload import find_spec as f\n"
+    "except Exception as e:\n"
+    " f=None\n"
+    " try:import sys;sys.stderr.write('sglang-hotfix-trtllm: startup module failed (%r); %s is imported unpatched."
+    " Reinstall sglang-hotfix-trtllm or delete its .pth file\\n'%(e,args[0]))\n"
+    " except Exception:pass\n"
+    "spec=f and f(*args)"
+)
+
+
+def startup_line():
+    """The line of ``sglang_hotfix_trtllm.pth`` (a test holds the shipped file to it).
+
+    Unless a marked finder is armed already (site reads this file twice in a
+    3.11 venv), a lambda, evaluated with globals of its own that hold
+    ``_LOOKUP`` as ``G`` (globals holding site's namespace would keep it alive
+    to the end, which costs more than the eval), gets ``find_spec`` and
+    ``FINDER_MARK`` as attributes and goes first on ``sys.meta_path``. The one
+    name the line binds is its own: site runs the line in the frame of its
+    ``addpackage``."""
+    watched = " and ".join("n!=%r" % name for name in sorted(WATCHED_MODULES))
+    finder = "lambda n,*a,g={}:None if %s else exec(G,g,{'args':(n,*a)})or g.pop('spec',None)" % watched
+    name = FINDER_MARK
+    arm = "%s=eval(%r,{'G':%r});%s.find_spec=%s;%s.%s=True;sys.meta_path.insert(0,%s)" % (
+        name, finder, _LOOKUP, name, name, name, FINDER_MARK, name)
+    return "import sys;any(getattr(f,%r,0)is True for f in sys.meta_path)or exec(%r)" % (FINDER_MARK, arm)
+
+
+if __name__ == "__main__":
+    print(startup_line())

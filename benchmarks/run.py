@@ -11,7 +11,8 @@ ratio or difference measured in one run, medians over repeated runs:
    plugin's wheel, installed four ways (pip, pip --no-compile, uv, uv
    --compile-bytecode; the uv rows need ``python -m uv``). Counted in
    instructions with callgrind (repeatable to about 0.2%) and in wall time
-   (noisier). For scale, a venv whose .pth imports wrapt.
+   (noisier). For scale, a venv whose .pth imports wrapt, and the floors of
+   other start-up designs (``FLOORS``).
 2. Added cost when SGLang's backend module is first imported: finding the
    source, deciding the verdict and wrapping, in fresh processes.
 3. The patched capture call against the upstream-fixed function on the same
@@ -90,6 +91,32 @@ def have_uv():
 
 INSTALLERS = ("pip", "pip --no-compile", "uv", "uv --compile-bytecode")
 
+# For scale, the floors of other start-up designs (README, Costs): files put in
+# an otherwise bare venv. A tiny top-level module that arms a finder, imported
+# from its bytecode, bare or behind the smallest guard that keeps a missing or
+# broken module off stdout (an exec'd try, compiled at every start).
+TINY_FINDER = """import sys
+def find_spec(name, path=None, target=None):
+    if name != 'sglang.srt.layers.attention.trtllm_mha_backend':
+        return None
+    from sglang_hotfix_trtllm_autoload import find_spec as real
+    return real(name, path, target)
+find_spec.find_spec = find_spec
+sys.meta_path.insert(0, find_spec)
+"""
+FLOORS = {
+    "floor: a .pth holding only `import sys`": {"floor.pth": "import sys\n"},
+    "floor: a .pth importing a tiny finder module (bytecode), unguarded": {
+        "floor.pth": "import tiny_finder\n", "tiny_finder.py": TINY_FINDER},
+    "floor: the same behind an exec'd try": {
+        "floor.pth": 'import sys;exec("try:import tiny_finder\\nexcept Exception:pass")\n', "tiny_finder.py": TINY_FINDER},
+}
+
+
+def site_packages(python):
+    return subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
 
 def startup(work, wall_runs):
     """Start-up cost of the plugin installed each way, side by side in one run,
@@ -102,10 +129,16 @@ def startup(work, wall_runs):
             continue  # `pip install uv` into the benchmark's environment to measure these
         venvs[installer] = make_venv(work / ("plugin%d" % number), str(wheel), installer=installer)
     wrapt_env = make_venv(work / "wrapt", "wrapt")
-    site = subprocess.run([wrapt_env, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    pathlib.Path(site, "import_wrapt.pth").write_text("import wrapt\n")
+    pathlib.Path(site_packages(wrapt_env), "import_wrapt.pth").write_text("import wrapt\n")
     venvs["a .pth importing wrapt"] = wrapt_env
+    for number, (name, files) in enumerate(FLOORS.items()):
+        python = make_venv(work / ("floor%d" % number))
+        for file_name, text in files.items():
+            pathlib.Path(site_packages(python), file_name).write_text(text)
+        if "tiny_finder.py" in files:  # as pip would, byte-compile what it installs
+            subprocess.run([python, "-c", "import py_compile, sys; py_compile.compile(sys.argv[1], doraise=True)",
+                            os.path.join(site_packages(python), "tiny_finder.py")], check=True)
+        venvs[name] = python
     result = {"pythondontwritebytecode": os.environ.get("PYTHONDONTWRITEBYTECODE")}
     if shutil.which("valgrind"):
         counts = {name: callgrind_instructions(python) for name, python in venvs.items()}

@@ -1,24 +1,34 @@
-"""The startup module: cheap, silent, armed once, never fatal."""
+"""Start-up: cheap, silent, armed once, never fatal."""
+
+import os
 
 import sglang_hotfix_trtllm_autoload as autoload
 from conftest import clean_env, run_python, shadow
 from sglang_hotfix_trtllm import catalog, switches
 
-HOOK = "sglang_hotfix_trtllm_autoload.find_spec"
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_plain_process_loads_nothing_heavy_and_prints_nothing(scenario):
+def test_plain_process_imports_nothing_of_ours_and_prints_nothing(scenario):
     ran = scenario("startup_only")
     assert ran.returncode == 0 and ran.stderr == "", ran
     assert ran.result["heavy_modules"] == []
-    assert ran.result["autoload_loaded"]
-    assert ran.result["meta_path"][0] == HOOK
-    assert ran.result["meta_path"].count(HOOK) == 1
+    assert not ran.result["autoload_loaded"]  # the .pth line defines its finder itself
+    assert ran.result["marked_finders"] == [0]
 
 
-def test_disabled_process_arms_nothing(scenario):
-    ran = scenario("startup_only", env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE="1"))
-    assert HOOK not in ran.result["meta_path"]
+def test_the_shipped_pth_line_is_the_one_the_startup_module_writes():
+    with open(os.path.join(REPO, "sglang_hotfix_trtllm.pth")) as shipped:
+        assert shipped.read() == autoload.startup_line() + "\n", "regenerate: python sglang_hotfix_trtllm_autoload.py > sglang_hotfix_trtllm.pth"
+
+
+def test_disabled_process_loads_nothing_of_the_hotfix_when_sglang_imports_the_backend(tmp_path):
+    code = ("import sys, sglang.srt.layers.attention.trtllm_mha_backend as b; print('RESULT:' + __import__('json').dumps("
+            "{'ours': sorted(m for m in sys.modules if m.startswith('sglang_hotfix_trtllm.')),"
+            " 'type': type(b.TRTLLMHAAttnBackend.__dict__['init_forward_metadata_capture_cuda_graph']).__name__}))")
+    ran = run_python(["-c", code], cwd=tmp_path, env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE="1"))
+    assert ran.returncode == 0 and ran.hotfix_lines() == [], ran
+    assert ran.result == {"ours": [], "type": "function"}
 
 
 def test_watched_modules_match_the_catalog():
@@ -40,12 +50,15 @@ def test_broken_engine_reports_one_line_and_import_proceeds(tmp_path, scenario):
     assert "cannot load the hotfix" in lines[0] and "imported unpatched" in lines[0]
 
 
-def test_missing_autoload_module_prints_one_line_and_python_starts(tmp_path):
+def test_broken_startup_module_costs_nothing_at_start_and_one_line_at_sglangs_import(tmp_path, scenario):
     folder = shadow(tmp_path, "sglang_hotfix_trtllm_autoload.py", "raise ImportError('simulated broken install')")
-    ran = run_python(["-c", "print('alive')"], cwd=tmp_path, env=clean_env(PYTHONPATH=folder))
-    assert ran.returncode == 0 and ran.stdout.strip() == "alive"
-    assert len(ran.stderr.strip().splitlines()) == 1, ran
-    assert "startup module failed" in ran.stderr
+    started = run_python(["-c", "print('alive')"], cwd=tmp_path, env=clean_env(PYTHONPATH=folder))
+    assert started.returncode == 0 and started.stdout == "alive\n" and started.stderr == "", started
+    ran = scenario("describe", env=clean_env(PYTHONPATH=folder))
+    assert ran.returncode == 0 and ran.result["attribute_type"] == "function", ran
+    assert ran.hotfix_lines() == ["sglang-hotfix-trtllm: startup module failed (ImportError('simulated broken install'));"
+                                  " sglang.srt.layers.attention.trtllm_mha_backend is imported unpatched. Reinstall"
+                                  " sglang-hotfix-trtllm or delete its .pth file"]
 
 
 def test_broken_engine_in_strict_mode_stops_the_import(tmp_path, scenario):

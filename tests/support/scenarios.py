@@ -64,9 +64,10 @@ def startup_only():
     import sys as _sys
 
     heavy = sorted(m for m in _sys.modules if m.split(".")[0] in ("wrapt", "torch", "sglang", "sglang_hotfix_trtllm"))
-    finders = ["%s.%s" % (getattr(f, "__module__", None) or type(f).__module__, getattr(f, "__qualname__", None) or type(f).__qualname__)
-               for f in _sys.meta_path]
-    _result(heavy_modules=heavy, meta_path=finders, autoload_loaded="sglang_hotfix_trtllm_autoload" in _sys.modules)
+    # Read the mark as the startup module does, without importing it: whether
+    # start-up imported it is one of the findings.
+    marked = [i for i, f in enumerate(_sys.meta_path) if getattr(f, "sglang_hotfix_trtllm_finder", None) is True]
+    _result(heavy_modules=heavy, marked_finders=marked, autoload_loaded="sglang_hotfix_trtllm_autoload" in _sys.modules)
 
 
 def equivalence():
