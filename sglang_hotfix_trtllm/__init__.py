@@ -8,7 +8,7 @@ SGLang until it is needed):
 * ``assess()`` the verdict on the installed SGLang, without importing it.
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 
 def apply():

@@ -22,6 +22,7 @@ from .record import Verdict
 
 SWITCHES_HELP = """environment variables read:
   SGLANG_HOTFIX_TRTLLM_DISABLE=1   the hotfix does nothing
+  SGLANG_HOTFIX_TRTLLM_DISABLE=pr25103  the records named (comma-separated) do nothing, the others apply
   SGLANG_HOTFIX_TRTLLM_STRICT=1    an import the hotfix cannot patch is stopped
   SGLANG_PLUGINS=a,b               SGLang's plugin allowlist; without sglang_hotfix_trtllm the hotfix stands aside"""
 
@@ -34,7 +35,8 @@ STATUS_HELP = """exit status:
 """ + SWITCHES_HELP
 
 VERIFY_HELP = """exit status:
-  0  the patched method equals upstream's fix, or there is nothing to verify (fixed, not-applicable)
+  0  the patched method equals upstream's fix, or there is nothing to verify (fixed, not-applicable,
+     or a record without a CPU probe: pr25103)
   1  it does not
   2  torch or SGLang cannot be imported, the code is unknown, or the probe failed
 
@@ -105,7 +107,7 @@ def status(arguments):
 
 
 def _status_of_source(arguments, state):
-    texts, worst = [], state.EXIT_OK
+    texts, documents, worst = [], [], state.EXIT_OK
     for hotfix in catalog.HOTFIXES:
         try:
             tree, assessments, code = state.of_tree(hotfix, arguments.source)
@@ -113,17 +115,18 @@ def _status_of_source(arguments, state):
             diagnose("status --source: %s" % problem)
             return state.EXIT_BAD_PATH
         single = os.path.isfile(arguments.source)
-        report = dict(tree["sources"][0], format_version=state.FORMAT_VERSION) if single else tree
+        documents.append(dict(tree["sources"][0], format_version=state.FORMAT_VERSION) if single else tree)
         for assessment in assessments:
             if assessment.verdict is Verdict.UNKNOWN:
-                diagnose("%s: %s: %s" % (assessment.source_path, assessment.verdict, assessment.reason))
-        if arguments.json:
-            texts.append(json.dumps(report, indent=2, sort_keys=True) + "\n")
-        else:
-            sources = [report] if single else report["sources"]
-            texts.append("".join(_human(r, state) + ("\n" if len(sources) > 1 else "") for r in sources))
+                diagnose("%s: %s: %s: %s" % (hotfix.name, assessment.source_path, assessment.verdict, assessment.reason))
+        sources = [documents[-1]] if single else documents[-1]["sources"]
+        texts.append("".join(_human(r, state) + ("\n" if len(sources) > 1 else "") for r in sources))
         worst = max(worst, code)
-    return _write_result("".join(texts), worst)
+    if arguments.json:
+        # As for the environment: the first record's document at the top level, every record's under "hotfixes".
+        document = dict(documents[0], hotfixes=documents)
+        return _write_result(json.dumps(document, indent=2, sort_keys=True) + "\n", worst)
+    return _write_result("\n".join(texts), worst)
 
 
 def verify(arguments):

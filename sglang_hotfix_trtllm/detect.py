@@ -101,12 +101,34 @@ def live_class(tree, class_name):
 def live_method(tree, cls, method_name):
     """(FunctionDef, problem) of the method the class ``cls`` (in module ``tree``)
     holds under ``method_name`` at run time; (None, "") when it has none."""
+    return live_methods(tree, cls, (method_name,))[method_name]
+
+
+def live_methods(tree, cls, method_names):
+    """``live_method`` for several names, in one walk of the module."""
+    names = set(method_names)
+    problems = {}
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr == method_name and isinstance(node.ctx, (ast.Store, ast.Del)):
-            return None, "%s is assigned as an attribute at line %d" % (method_name, node.lineno)
-        if isinstance(node, ast.Constant) and node.value == method_name:
-            return None, "the name %s appears as a string at line %d (setattr?)" % (method_name, node.lineno)
-    return live_definition(cls.body, method_name, ast.FunctionDef)
+        if isinstance(node, ast.Attribute) and node.attr in names and isinstance(node.ctx, (ast.Store, ast.Del)):
+            problems.setdefault(node.attr, "%s is assigned as an attribute at line %d" % (node.attr, node.lineno))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
+            problems.setdefault(node.value, "the name %s appears as a string at line %d (setattr?)" % (node.value, node.lineno))
+    return {name: (None, problems[name]) if name in problems else live_definition(cls.body, name, ast.FunctionDef)
+            for name in names}
+
+
+def signature_problem(method, parameters, defaults=()):
+    """None when ``method`` is undecorated and takes exactly ``self`` and
+    ``parameters`` (positional-or-keyword, no ``*``/``**``, no keyword-only),
+    with ``defaults`` (their source text) for the last ones; else what it takes.
+    A wrapper binds its calls with a function of that exact list."""
+    arguments = method.args
+    names = tuple(a.arg for a in arguments.posonlyargs + arguments.args)
+    if (method.decorator_list or names != ("self",) + tuple(parameters) or arguments.vararg or arguments.kwarg
+            or arguments.kwonlyargs or arguments.posonlyargs
+            or tuple(ast.unparse(d) for d in arguments.defaults) != tuple(defaults)):
+        return "unexpected signature: (%s)" % ", ".join(names)
+    return None
 
 
 def first_line_of(function):
@@ -142,6 +164,41 @@ class Assessment(Value):
         }
 
 
+class _ParseShare:
+    """Within ``shared_parses()``, one parse per source text: the records of one
+    module read the same file (and their classify() never modifies the tree).
+    Outside it nothing is kept, so no tree outlives the import that needed it."""
+
+    def __init__(self):
+        self.active = 0
+        self.last = None  # (path, text, tree)
+
+    def __enter__(self):
+        self.active += 1
+        return self
+
+    def __exit__(self, *exc):
+        self.active -= 1
+        if not self.active:
+            self.last = None
+
+    def parse(self, text, path):
+        if self.active and self.last is not None and self.last[0] == path and self.last[1] == text:
+            return self.last[2]
+        tree = ast.parse(text, filename=path)
+        if self.active:
+            self.last = (path, text, tree)
+        return tree
+
+
+_parses = _ParseShare()
+
+
+def shared_parses():
+    """Context in which assessments of the same source text share one parse."""
+    return _parses
+
+
 def assess_source(hotfix, path, text=None):
     """Classify one source file of the hotfix's target module; never raises."""
 
@@ -154,8 +211,21 @@ def assess_source(hotfix, path, text=None):
     except (OSError, UnicodeDecodeError, SyntaxError, ValueError) as error:
         return result(Verdict.UNKNOWN, "cannot read %s: %s: %s" % (path, type(error).__name__, error))
 
+    cached = _last_assessment.get(hotfix.name)
+    if cached is not None and cached[0][0] is hotfix and cached[0][1] == path and cached[0][2] == text:
+        return cached[1]  # the same record on the same text: the same verdict (apply() after remove())
+    assessment = _assess_text(hotfix, path, text, result)
+    _last_assessment[hotfix.name] = ((hotfix, path, text), assessment)
+    return assessment
+
+
+# Per record, its last (record, path, text) and assessment: one entry each, replaced, never grown.
+_last_assessment = {}
+
+
+def _assess_text(hotfix, path, text, result):
     try:
-        tree = ast.parse(text, filename=path)
+        tree = _parses.parse(text, path)
     except (SyntaxError, ValueError) as error:
         return result(Verdict.UNKNOWN, "cannot read %s as Python: %s: %s" % (path, type(error).__name__, error))
     try:

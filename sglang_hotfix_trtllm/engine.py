@@ -50,8 +50,8 @@ def decide(hotfix, assessment, current):
     """The one decision, made the same way by the import hook (which acts on
     it) and by ``status`` (which predicts it). Imports wrapt when the verdict is
     affected and nothing else stands in the way."""
-    if current.disabled:
-        return Decision("disabled", "%s is on" % switches.DISABLE)
+    if current.disables(hotfix.name):
+        return Decision("disabled", "%s is %s" % (switches.DISABLE, "on" if current.disabled else "set to " + hotfix.name))
     if current.excluded_by_sglang_plugins:
         return Decision("excluded", "%s is set and does not name %s" % (switches.SGLANG_PLUGINS, switches.PLUGIN_NAME))
     if assessment.verdict is Verdict.FIXED:
@@ -87,7 +87,7 @@ def handle(hotfix, module):
     current = switches.read()
     for problem in current.problems:
         say(logging.WARNING, "%s", problem, once_key=("switch", problem))
-    if current.disabled:
+    if current.disables(hotfix.name):
         return "disabled"
     assessment = detect.assess_module(hotfix, module)
     decision = decide(hotfix, assessment, current)
@@ -157,11 +157,12 @@ def on_module_imported(module, name=None):
     if not isinstance(module, types.ModuleType):
         return
     name = name or getattr(module, "__name__", None)
-    for hotfix in catalog.for_module(name):
-        try:
-            handle(hotfix, module)
-        except HotfixError:
-            raise
-        except Exception as error:  # a bug here must not take the host down
-            _refuse(hotfix, switches.read().strict, "internal error while handling %s: %s: %s" % (
-                hotfix.target, type(error).__name__, error), error, once=False)
+    with detect.shared_parses():  # the records of one module read one file: parse it once
+        for hotfix in catalog.for_module(name):
+            try:
+                handle(hotfix, module)
+            except HotfixError:
+                raise
+            except Exception as error:  # a bug here must not take the host down
+                _refuse(hotfix, switches.read().strict, "internal error while handling %s: %s: %s" % (
+                    hotfix.target, type(error).__name__, error), error, once=False)

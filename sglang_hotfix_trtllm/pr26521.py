@@ -173,18 +173,9 @@ def classify(tree):
     def unknown(reason):
         return Classification(Verdict.UNKNOWN, reason, fingerprint, first_line)
 
-    arguments = method.args
-    names = tuple(a.arg for a in arguments.posonlyargs + arguments.args)
-    if (
-        method.decorator_list
-        or names != ("self",) + PARAMETERS
-        or arguments.vararg
-        or arguments.kwarg
-        or arguments.kwonlyargs
-        or arguments.defaults
-        or arguments.posonlyargs
-    ):
-        return unknown("unexpected signature: (%s)" % ", ".join(names))
+    problem = detect.signature_problem(method, PARAMETERS)
+    if problem:
+        return unknown(problem)
 
     path, index = _draft_decode_path(method)
     if path is None:

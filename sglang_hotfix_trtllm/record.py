@@ -80,7 +80,8 @@ class Hotfix(Value):
       SGLang's HookRegistry names targets); ``module``, ``class_name`` and
       ``method_name`` are its parts.
     * ``classify(tree) -> Classification``: verdict from the code's structure
-      (of the live definitions, see ``detect``).
+      (of the live definitions, see ``detect``); it must not modify ``tree``:
+      the records of one module share one parse.
     * ``wrapper(wrapped, instance, args, kwargs)``: the wrapt wrapper.
     * ``known_fingerprints``: fingerprint -> (Verdict, releases with that code).
     * ``probe``: "module:function" run by ``verify`` on the imported target.

@@ -154,21 +154,23 @@ def of_tree(hotfix, root):
 
 
 def headline(report):
-    """One line a person can act on, opening the human output."""
+    """One line a person can act on, opening the human output (one per record)."""
     verdict = report["verdict"]
     version = report.get("sglang_version") or "(version unknown)"
+    record = report["hotfix"]
     if verdict == "affected" and report.get("would_patch"):
-        return "PROTECTED: SGLang %s has the bug and new Python processes here will be patched (%s)" % (
-            version, report["would_patch_reason"])
+        return "PROTECTED: SGLang %s has the bug of record %s and new Python processes here will be patched (%s)" % (
+            version, record, report["would_patch_reason"])
     if verdict == "affected":
-        return "NOT PROTECTED: SGLang %s has the bug, but a new process would run it unpatched: %s" % (
-            version, report["would_patch_reason"])
+        return "NOT PROTECTED: SGLang %s has the bug of record %s, but a new process would run it unpatched: %s" % (
+            version, record, report["would_patch_reason"])
     if verdict == "fixed":
-        return "NOTHING TO DO: SGLang %s already has the fix; this package can be removed (%s)" % (
-            version, engine.UNINSTALL_HINT)
+        return "NOTHING TO DO: SGLang %s already has the fix of record %s; this package can be removed once every " \
+               "record says so (%s)" % (version, record, engine.UNINSTALL_HINT)
     if verdict == "not-applicable":
-        return "NOTHING TO DO: %s" % report["reason"]
-    return "NOT PROTECTED: the installed code is not recognised, so it is left unpatched: %s" % report["reason"]
+        return "NOTHING TO DO for record %s: %s" % (record, report["reason"])
+    return "NOT PROTECTED from record %s's bug: the installed code is not recognised, so it is left unpatched: %s" % (
+        record, report["reason"])
 
 
 def readable(value):

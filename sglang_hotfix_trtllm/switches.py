@@ -3,7 +3,9 @@
 Standard library only; reads the environment, never writes it, and never
 executes anything a variable names. The variables:
 
-* ``SGLANG_HOTFIX_TRTLLM_DISABLE``: on = do nothing at all.
+* ``SGLANG_HOTFIX_TRTLLM_DISABLE``: on = do nothing at all; or a
+  comma-separated list of record names (``pr26521``, ``pr25103``) = leave
+  those records' targets alone and apply the others.
 * ``SGLANG_HOTFIX_TRTLLM_STRICT``: on = when the target module is imported and
   the hotfix cannot be applied (verdict ``unknown``, or wrapping fails), stop
   the process with an error instead of running unprotected.
@@ -33,7 +35,12 @@ class Switches(Value):
     allowlist), else the names it lists; ``problems`` has one message per
     variable whose value was not understood."""
 
-    __slots__ = ("disabled", "strict", "plugin_allowlist", "problems")
+    __slots__ = ("disabled", "strict", "plugin_allowlist", "problems", "disabled_records")
+    _defaults = {"disabled_records": frozenset()}
+
+    def disables(self, hotfix_name):
+        """True when the switch turns off everything or names this record."""
+        return self.disabled or hotfix_name in self.disabled_records
 
     @property
     def excluded_by_sglang_plugins(self):
@@ -42,6 +49,7 @@ class Switches(Value):
     def as_dict(self):
         return {
             "disabled": self.disabled,
+            "disabled_records": sorted(self.disabled_records),
             "strict": self.strict,
             "sglang_plugins": None if self.plugin_allowlist is None else sorted(self.plugin_allowlist),
             "excluded_by_sglang_plugins": self.excluded_by_sglang_plugins,
@@ -63,6 +71,27 @@ def _flag(environ, variable, problems):
     return False
 
 
+def _disable(environ, problems):
+    """(everything off, the records named off) from the disable switch."""
+    from . import catalog  # here, not at the top: catalog imports the records, which need none of this
+
+    raw = environ.get(DISABLE)
+    value = "" if raw is None else raw.strip().lower()
+    if value in TRUE_VALUES or value in FALSE_VALUES:
+        return value in TRUE_VALUES, frozenset()
+    known = [hotfix.name for hotfix in catalog.HOTFIXES]
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        problems.append(
+            "%s=%r is not understood (no record named %s); accepted values are %s (all records off), %s (all on) "
+            "or a comma-separated list of the records to turn off (%s), case-insensitive; reading it as off" % (
+                DISABLE, raw, ", ".join(unknown), "/".join(TRUE_VALUES), "/".join(v for v in FALSE_VALUES if v),
+                ", ".join(known)))
+        return False, frozenset()
+    return False, frozenset(names)
+
+
 def _allowlist(environ, problems):
     # Parsed exactly as sglang.srt.plugins does: an empty value means no
     # allowlist; otherwise the comma-separated, stripped, non-empty names.
@@ -81,7 +110,7 @@ def _allowlist(environ, problems):
 def read(environ=None):
     environ = os.environ if environ is None else environ
     problems = []
-    disabled = _flag(environ, DISABLE, problems)
+    disabled, disabled_records = _disable(environ, problems)
     strict = _flag(environ, STRICT, problems)
     allowlist = _allowlist(environ, problems)
-    return Switches(disabled, strict, allowlist, tuple(problems))
+    return Switches(disabled, strict, allowlist, tuple(problems), disabled_records)

@@ -40,8 +40,13 @@ class Ran:
         lines = [l for l in completed.stdout.splitlines() if l.startswith("RESULT:")]
         self.result = json.loads(lines[-1][len("RESULT:"):]) if lines else None
 
-    def hotfix_lines(self):
-        return [l for l in self.stderr.splitlines() if "sglang-hotfix-trtllm" in l]
+    def hotfix_lines(self, record="pr26521"):
+        """The hotfix's lines on stderr, without those naming another record's
+        target (most tests are about one record); ``record=None``: all of them."""
+        from sglang_hotfix_trtllm import catalog
+
+        others = [h.target for h in catalog.HOTFIXES if record is not None and h.name != record]
+        return [l for l in self.stderr.splitlines() if "sglang-hotfix-trtllm" in l and not any(t in l for t in others)]
 
     def __repr__(self):
         return "rc=%s\nstdout:\n%s\nstderr:\n%s" % (self.returncode, self.stdout[-3000:], self.stderr[-3000:])

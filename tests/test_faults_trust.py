@@ -136,7 +136,7 @@ def test_status_on_a_sourceless_module_names_the_pyc(tmp_path, sglang_copy, inst
     root = sglang_copy(sourceless=True)
     report, code, stderr = status_json(clean_env(PYTHONPATH=str(root)), tmp_path)
     assert code == 2 and "not loaded from a .py source" in report["reason"] and ".pyc" in report["reason"]
-    assert len(stderr.strip().splitlines()) == 1
+    assert len(stderr.strip().splitlines()) == len(report["hotfixes"])  # one line per record
 
 
 # --- 2. the verdict describes the code Python runs -----------------------------
@@ -319,9 +319,9 @@ def test_log_lines_appear_exactly_once_whenever_the_host_configures_logging(tmp_
     assert ran.returncode == 0, ran
     patched = [l for l in ran.stderr.splitlines() if "INFO: patched" in l]
     removed = [l for l in ran.stderr.splitlines() if "INFO: removed" in l]
-    assert len(patched) == 1 and len(removed) == 1, ran
+    assert len(patched) == 2 and len(removed) == 1, ran  # one line per record, one for the removal
     assert removed[0].startswith("HOST ")  # after the host's set-up, the host's handler shows our lines
-    assert patched[0].startswith("HOST ") == (when == "before")
+    assert all(line.startswith("HOST ") == (when == "before") for line in patched)
 
 
 # --- 5. run is transparent -------------------------------------------------------

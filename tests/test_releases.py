@@ -8,24 +8,22 @@ fixed), or a comma-separated list. Fetched files are cached under
 ``.cache/releases`` (or ``$SGLANG_HOTFIX_TEST_CACHE/releases``).
 """
 
-import os
 
 import pytest
 from packaging.version import Version
 
 import isolated_release
+import release_selection
 import scan_releases
 import variants
 from capture_harness import compare_with_oracle
-from conftest import CACHE
 from upstream_fix import upstream_fixed_method
 from sglang_hotfix_trtllm import detect, engine, patch, pr26521
 from sglang_hotfix_trtllm.record import Verdict
 
 HOTFIX = pr26521.HOTFIX
-RELEASES_CACHE = CACHE / "releases"
 QUICK = ("0.5.1", "0.5.3", "0.5.8.post1", "0.5.9", "0.5.12.post1", "0.5.13", "0.5.23")
-TABLE = {row["release"]: row for row in (HOTFIX.known_fingerprints.rows or [])} if len(HOTFIX.known_fingerprints) else {}
+TABLE = release_selection.table(HOTFIX)
 
 
 def expected_verdict(release):
@@ -33,21 +31,8 @@ def expected_verdict(release):
     return Verdict.AFFECTED if Version(release) < Version("0.5.13") else Verdict.FIXED
 
 
-def selected_releases():
-    choice = os.environ.get("SGLANG_HOTFIX_RELEASES", "all").strip()
-    if choice == "all":
-        return sorted(TABLE, key=Version)
-    if choice == "quick":
-        return list(QUICK)
-    return [r.strip() for r in choice.split(",") if r.strip()]
-
-
-RELEASES = selected_releases()
+RELEASES = release_selection.selected(TABLE, QUICK)
 AFFECTED = [r for r in RELEASES if expected_verdict(r) is Verdict.AFFECTED]
-
-
-def release_dir(release):
-    return scan_releases.fetch(RELEASES_CACHE, release)
 
 
 def test_shipped_table_gives_every_release_its_reference_verdict():
@@ -72,7 +57,7 @@ def test_readme_compatibility_table_is_what_the_scanner_writes():
     begin, end = "<!-- releases:%s:begin -->" % HOTFIX.name, "<!-- releases:%s:end -->" % HOTFIX.name
     shown = text[text.index(begin) + len(begin):text.index(end)].strip()
     assert shown == scan_releases.readme_table(list(HOTFIX.known_fingerprints.rows))
-    assert [h.name for h in scan_releases.records()] == ["pr26521"]
+    assert [h.name for h in scan_releases.records()] == ["pr26521", "pr25103"]
 
 
 def test_shipped_table_covers_every_published_release_it_could_know():
@@ -83,7 +68,7 @@ def test_shipped_table_covers_every_published_release_it_could_know():
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_release_gets_its_verdict_from_its_own_source(release):
-    path = release_dir(release) / isolated_release.BACKEND
+    path = release_selection.release_dir(release) / isolated_release.BACKEND
     assessment = detect.assess_source(HOTFIX, str(path))
     assert assessment.verdict is expected_verdict(release), assessment.reason
     assert release in assessment.known_releases
@@ -92,7 +77,7 @@ def test_release_gets_its_verdict_from_its_own_source(release):
 
 @pytest.mark.parametrize("release", AFFECTED)
 def test_wrapped_release_method_equals_its_upstream_fix(release):
-    module = isolated_release.load_backend_module(release_dir(release))
+    module = isolated_release.load_backend_module(release_selection.release_dir(release))
     cls = module.TRTLLMHAAttnBackend
     original = cls.__dict__["init_forward_metadata_capture_cuda_graph"]
     oracle = upstream_fixed_method(module)
@@ -110,7 +95,7 @@ def test_wrapped_release_method_equals_its_upstream_fix(release):
 
 @pytest.mark.parametrize("release", AFFECTED)
 def test_hand_made_variants_of_release(release):
-    text = (release_dir(release) / isolated_release.BACKEND).read_text(encoding="utf-8")
+    text = (release_selection.release_dir(release) / isolated_release.BACKEND).read_text(encoding="utf-8")
 
     def verdict(source_text):
         return detect.assess_source(HOTFIX, "trtllm_mha_backend.py", text=source_text).verdict

@@ -42,8 +42,9 @@ from packaging.version import Version
 REPO = pathlib.Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
 FIRST_RELEASE = Version("0.5.1")
-# What the tests read beside the records' own modules (the release's ForwardMode).
-EXTRA_FILES = ("sglang/srt/model_executor/forward_batch_info.py",)
+# What the tests read beside the records' own modules (the release's
+# ForwardMode, and its SpeculativeAlgorithm).
+EXTRA_FILES = ("sglang/srt/model_executor/forward_batch_info.py", "sglang/srt/speculative/spec_info.py")
 
 
 def records():
@@ -118,7 +119,8 @@ def fetch(cache, release):
     """Download one release and keep the files the hotfix reads; cached."""
     folder = release_dir(cache, release)
     marker = folder / ".complete"
-    if marker.exists():
+    # The marker lists the files kept: a cache made when fewer were kept is fetched again.
+    if marker.exists() and marker.read_text().split("\n")[1:] == kept_files():
         return folder
     with tempfile.TemporaryDirectory() as download:
         _pip(
@@ -136,7 +138,7 @@ def fetch(cache, release):
                     with archive.open(member) as source, open(target, "wb") as out:
                         shutil.copyfileobj(source, out)
     folder.mkdir(parents=True, exist_ok=True)
-    marker.write_text(release)
+    marker.write_text("\n".join([release] + kept_files()))
     return folder
 
 
@@ -189,7 +191,8 @@ def readme_table(rows):
         first, last = group[0], group[-1]
         names = first["release"] if first is last else "%s … %s (%d releases)" % (first["release"], last["release"], len(group))
         dates = first["date"] or "?" if first is last else "%s … %s" % (first["date"] or "?", last["date"] or "?")
-        action = {"affected": "patches", "fixed": "nothing; says it can be removed"}.get(verdict, "refuses")
+        action = {"affected": "patches", "fixed": "nothing; says it can be removed",
+                  "not-applicable": "nothing: the code it repairs is not there"}.get(verdict, "refuses")
         lines.append("| %s | %s | %s | %s | %s |" % (names, dates, verdict, "`%s`" % fingerprint if fingerprint else "–", action))
     return "\n".join(lines)
 

@@ -88,6 +88,20 @@ def sglang_function(relative_path, name):
     return namespace[name]
 
 
+def use_kernel(backend_module, dry_run):
+    """Give the backend module its ``flashinfer`` (the real one, or on a CPU dry
+    run a torch stand-in for the decode kernel); returns which, in words."""
+    if dry_run:
+        backend_module.flashinfer = types.SimpleNamespace(decode=types.SimpleNamespace(
+            trtllm_batch_decode_with_kv_cache=torch_decode_kernel))
+        return "torch stand-in (CPU dry run)"
+    import flashinfer
+    import flashinfer.decode
+
+    backend_module.flashinfer = flashinfer
+    return "flashinfer %s trtllm_batch_decode_with_kv_cache" % flashinfer.__version__
+
+
 def torch_decode_kernel(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len, bmm1_scale, bmm2_scale,
                         window_left, sinks, skip_softmax_threshold_scale_factor, out_dtype):
     """--cpu-dry-run only: the kernel's contract in torch (paged KV in
@@ -181,16 +195,7 @@ def main():
     replays_per_bs = 3 if dry_run else REPLAYS_PER_BS
     synchronize = (lambda: None) if dry_run else torch.cuda.synchronize
     backend_module, ForwardMode, maybe_detect_nan = import_sglang()
-    if dry_run:
-        backend_module.flashinfer = types.SimpleNamespace(decode=types.SimpleNamespace(
-            trtllm_batch_decode_with_kv_cache=torch_decode_kernel))
-        kernel = "torch stand-in (CPU dry run)"
-    else:
-        import flashinfer
-        import flashinfer.decode
-
-        backend_module.flashinfer = flashinfer
-        kernel = "flashinfer %s trtllm_batch_decode_with_kv_cache" % flashinfer.__version__
+    kernel = use_kernel(backend_module, dry_run)
     attribute = backend_module.TRTLLMHAAttnBackend.__dict__["init_forward_metadata_capture_cuda_graph"]
     generator = torch.Generator().manual_seed(0)
 

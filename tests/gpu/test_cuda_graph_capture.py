@@ -8,13 +8,14 @@ once for the figures and once more for SGLang's own NaN check, which ends the
 process with a device-side assert when it fires.
 """
 
-import json
 import os
 import pathlib
 import subprocess
 import sys
 
 import pytest
+
+from worker_output import result_of
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -32,14 +33,7 @@ def run_worker(disabled, *flags):
     if "--nan-check" in flags:
         env["SGLANG_SPEC_NAN_DETECTION"] = "1"
     ran = subprocess.run([sys.executable, str(WORKER)] + list(flags), capture_output=True, text=True, env=env, timeout=900)
-    name = "gpu-%s%s" % ("unpatched" if disabled else "patched", "-nan-check" if flags else "")
-    out = os.environ.get("OUT")
-    if out:
-        pathlib.Path(out, name + ".log").write_text(ran.stdout[-20000:] + "\n--- stderr ---\n" + ran.stderr[-20000:])
-    lines = [l for l in ran.stdout.splitlines() if l.startswith("RESULT:")]
-    result = json.loads(lines[-1][len("RESULT:"):]) if lines else None
-    print(name, ran.returncode, json.dumps(result, indent=2))
-    return ran, result
+    return ran, result_of("gpu-%s%s" % ("unpatched" if disabled else "patched", "-nan-check" if flags else ""), ran)
 
 
 @pytest.fixture(scope="module")

@@ -59,16 +59,20 @@ def load_backend_module(release_dir):
         **{name: getattr(typing, name) for name in ("TYPE_CHECKING", "Optional", "List", "Dict", "Tuple", "Union", "Any", "Callable")},
     )
     body = _futures(tree) + [_class(tree, "TRTLLMMHAMetadata"), backend]
-    code = compile(ast.Module(body=body, type_ignores=[]), str(path), "exec")
-    # dataclasses resolves string annotations through sys.modules[cls.__module__]:
-    # register the module only while its classes are created.
-    previous = sys.modules.get(MODULE_NAME)
-    sys.modules[MODULE_NAME] = module
+    run_as_module(compile(ast.Module(body=body, type_ignores=[]), str(path), "exec"), module)
+    return module
+
+
+def run_as_module(code, module):
+    """Execute ``code`` in ``module``. dataclasses resolves string annotations
+    through sys.modules[cls.__module__]: the module is registered under its name
+    only while its classes are created (an installed one is put back)."""
+    previous = sys.modules.get(module.__name__)
+    sys.modules[module.__name__] = module
     try:
         exec(code, module.__dict__)
     finally:
         if previous is None:
-            del sys.modules[MODULE_NAME]
+            del sys.modules[module.__name__]
         else:
-            sys.modules[MODULE_NAME] = previous
-    return module
+            sys.modules[module.__name__] = previous

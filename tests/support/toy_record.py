@@ -44,10 +44,13 @@ TOY = Hotfix(name="toy1", upstream="toy PR #1", effect="next_value now counts", 
 
 
 def register():
-    """What adding the record to the package would do: list it in the catalog
-    and its module in the startup module's WATCHED_MODULES."""
+    """What adding the record to the package would do: list it in the catalog,
+    its module in the startup module's WATCHED_MODULES, and the .pth line
+    written from them (run here as site runs it, in place of the installed one)."""
     import sglang_hotfix_trtllm_autoload
     from sglang_hotfix_trtllm import catalog
 
     catalog.HOTFIXES = catalog.HOTFIXES + (TOY,)
     sglang_hotfix_trtllm_autoload.WATCHED_MODULES = sglang_hotfix_trtllm_autoload.WATCHED_MODULES | {MODULE}
+    sglang_hotfix_trtllm_autoload.uninstall()
+    exec(sglang_hotfix_trtllm_autoload.startup_line(), {})
