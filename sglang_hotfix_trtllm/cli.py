@@ -85,13 +85,14 @@ def _human(report, state):
 
 
 def status(arguments):
-    from . import status as state
+    from . import detect, status as state
 
     if arguments.source:
         return _status_of_source(arguments, state)
     reports, texts, worst = [], [], state.EXIT_OK
-    for hotfix in catalog.HOTFIXES:
-        report, assessment, code = state.of_environment(hotfix)
+    with detect.shared_parses():  # the records read one file: parse it once
+        assessed = [(hotfix,) + state.of_environment(hotfix) for hotfix in catalog.HOTFIXES]
+    for hotfix, report, assessment, code in assessed:
         if code == state.EXIT_ERROR:
             diagnose("%s: %s: %s" % (hotfix.name, assessment.verdict, report["would_patch_reason"]
                                      if assessment.verdict is not Verdict.UNKNOWN else assessment.reason))

@@ -85,14 +85,34 @@ def live_definition(body, name, kind):
     return live, ""
 
 
+def _index(tree):
+    """What the rebinding checks look for, from one walk of the module, kept on
+    the tree (the records of one module share it): the first line of each
+    ``global`` name, of each attribute stored or deleted, and of each string constant."""
+    index = getattr(tree, "_sglang_hotfix_index", None)
+    if index is None:
+        globals_, stores, strings = {}, {}, {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Global):
+                for name in node.names:
+                    globals_.setdefault(name, node.lineno)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)):
+                stores.setdefault(node.attr, node.lineno)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                strings.setdefault(node.value, node.lineno)
+        index = tree._sglang_hotfix_index = (globals_, stores, strings)
+    return index
+
+
 def live_class(tree, class_name):
     """(ClassDef, problem) of the class that module ``tree`` leaves bound to ``class_name``."""
     cls, problem = live_definition(tree.body, class_name, ast.ClassDef)
     if cls is None:
         return None, problem or "class %s not found in the module" % class_name
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Global) and class_name in node.names:
-            return None, "a function declares `global %s` (line %d): the class may be rebound at run time" % (class_name, node.lineno)
+    globals_, _, _ = _index(tree)
+    if class_name in globals_:
+        return None, "a function declares `global %s` (line %d): the class may be rebound at run time" % (
+            class_name, globals_[class_name])
     if cls.decorator_list:
         return None, "class %s has a decorator (line %d), which may replace its methods" % (class_name, cls.decorator_list[0].lineno)
     return cls, ""
@@ -105,16 +125,17 @@ def live_method(tree, cls, method_name):
 
 
 def live_methods(tree, cls, method_names):
-    """``live_method`` for several names, in one walk of the module."""
-    names = set(method_names)
-    problems = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr in names and isinstance(node.ctx, (ast.Store, ast.Del)):
-            problems.setdefault(node.attr, "%s is assigned as an attribute at line %d" % (node.attr, node.lineno))
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
-            problems.setdefault(node.value, "the name %s appears as a string at line %d (setattr?)" % (node.value, node.lineno))
-    return {name: (None, problems[name]) if name in problems else live_definition(cls.body, name, ast.FunctionDef)
-            for name in names}
+    """``live_method`` for several names."""
+    _, stores, strings = _index(tree)
+    found = {}
+    for name in method_names:
+        if name in stores:
+            found[name] = (None, "%s is assigned as an attribute at line %d" % (name, stores[name]))
+        elif name in strings:
+            found[name] = (None, "the name %s appears as a string at line %d (setattr?)" % (name, strings[name]))
+        else:
+            found[name] = live_definition(cls.body, name, ast.FunctionDef)
+    return found
 
 
 def signature_problem(method, parameters, defaults=()):

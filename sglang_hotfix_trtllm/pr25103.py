@@ -166,7 +166,8 @@ def classify(tree):
     # One walk of the module for every method this needs to know the live definition of.
     methods = detect.live_methods(tree, cls, (METHOD_NAME, RESOLVER) + tuple(READERS)) if cls is not None else {}
     method, problem = methods[METHOD_NAME] if cls is not None else (None, class_problem)
-    if not _touches(tree):
+    uses = [(function, owner, _touches(function)) for function, owner in _functions(tree)]
+    if not any(found for _, _, found in uses) and not _touches(tree):
         return Classification(Verdict.NOT_APPLICABLE, "this backend has no sliding-window KV pool handling "
                               "(added in SGLang 0.5.9)", of_node(method if method is not None else tree))
     if cls is None:
@@ -212,9 +213,8 @@ def classify(tree):
     problem = _pool_class_problem(tree) or next((p for name, (_, p) in sorted(methods.items()) if name in READERS and p), None)
     if problem:
         return unknown(problem)
-    for function, owner in _functions(tree):
-        uses = _touches(function)
-        if function is method or not uses:
+    for function, owner, found in uses:
+        if function is method or not found:
             continue
         if owner is not None and owner is not cls and owner.name == CLASS_NAME:
             continue  # an earlier definition of the class, which the live one replaces
@@ -222,11 +222,11 @@ def classify(tree):
             live, _ = methods[function.name] if function.name in methods else detect.live_method(tree, cls, function.name)
             if live is not function:
                 continue  # a definition Python replaces; the live one is checked under its own name
-        stores = [line for line, how in uses if how != "Load"]
+        stores = [line for line, how in found if how != "Load"]
         if owner is not cls or function.name not in READERS or of_node(function) not in READERS[function.name] or stores:
             where = "%s.%s" % (owner.name, function.name) if owner is not None else function.name
             return unknown("%s touches %s in code this hotfix does not know (line %d)" % (
-                where, " / ".join(ATTRIBUTES), uses[0][0]))
+                where, " / ".join(ATTRIBUTES), found[0][0]))
     return Classification(
         Verdict.AFFECTED,
         "__init__ takes the SWA pool and its layer mapping from the allocator, which an EAGLE draft shares with "
