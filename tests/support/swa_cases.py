@@ -203,7 +203,7 @@ def reads(backend, functions, world, runner):
         loc = getattr(functions, "_get_layer_cache_loc", None)
         result[layer_id] = {
             "page_table": table,
-            "cache_loc": None if loc is None else loc(backend, layer, batch).to(torch.int64),
+            "cache_loc": None if loc is None else _cache_loc(loc, backend, layer, batch),
             "keys": _gathered(keys, table),
         }
     return result
@@ -223,3 +223,12 @@ def same(a, b):
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         return torch.equal(a, b)
     return a == b
+
+
+def _cache_loc(function, backend, layer, batch):
+    """``_get_layer_cache_loc`` as the release declares it: 0.5.10 takes the
+    new tokens' locations, 0.5.11 on the ForwardBatch."""
+    import inspect
+
+    takes_batch = list(inspect.signature(function).parameters)[2] == "forward_batch"
+    return function(backend, layer, batch if takes_batch else batch.out_cache_loc).to(torch.int64)
