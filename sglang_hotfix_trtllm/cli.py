@@ -88,7 +88,8 @@ def status(arguments):
     from . import detect, status as state
 
     if arguments.source:
-        return _status_of_source(arguments, state)
+        with detect.shared_parses():  # a single file is parsed once for all records
+            return _status_of_source(arguments, state)
     reports, texts, worst = [], [], state.EXIT_OK
     with detect.shared_parses():  # the records read one file: parse it once
         assessed = [(hotfix,) + state.of_environment(hotfix) for hotfix in catalog.HOTFIXES]

@@ -6,16 +6,7 @@ import os
 import sys
 import threading
 
-from scenarios import METHOD, TARGET_MODULE, _describe, _import_backend, _result
-
-
-
-def _records_of_pr26521():
-    """Entries of the patch registry for record pr26521 (the one these scenarios
-    are about; pr25103 wraps __init__ of the same class alongside)."""
-    from sglang_hotfix_trtllm import patch
-
-    return sum(1 for _, hotfix, _ in patch._patched if hotfix.name == "pr26521")
+from scenarios import METHOD, TARGET_MODULE, _describe, _import_backend, _records_of_pr26521, _result
 
 
 def _enable_hook_now():
@@ -62,8 +53,6 @@ def reimported():
     first_cls = first.TRTLLMHAAttnBackend
     del sys.modules[TARGET_MODULE]
     second = _import_backend()
-    from sglang_hotfix_trtllm import patch
-
     _result(distinct=first is not second, first=_describe(first), second=_describe(second),
             patched_records=_records_of_pr26521(), first_still=type(first_cls.__dict__[METHOD]).__name__)
 
@@ -84,8 +73,6 @@ def concurrent_imports(threads="16"):
         thread.start()
     for thread in pool:
         thread.join()
-    from sglang_hotfix_trtllm import patch
-
     module = sys.modules[TARGET_MODULE]
     _result(errors=errors, patched_records=_records_of_pr26521(), **_describe(module))
 
@@ -99,8 +86,6 @@ def fork_child():
         import sglang_hotfix_trtllm_autoload
 
         sglang_hotfix_trtllm_autoload.install()  # as a forked worker re-running start-up code would
-        from sglang_hotfix_trtllm import patch
-
         payload = dict(_describe(module), records=_records_of_pr26521())
         os.write(write, json.dumps(payload).encode())
         os._exit(0)
@@ -161,8 +146,6 @@ def cycles_memory(count="2000"):
 
     module = _import_backend()
     import sglang_hotfix_trtllm
-    from sglang_hotfix_trtllm import patch
-
     cls = module.TRTLLMHAAttnBackend
     original = cls.__dict__[METHOD].__wrapped__
     sglang_hotfix_trtllm.remove()
@@ -230,7 +213,6 @@ SCENARIOS = {f.__name__: f for f in (
 )}
 
 
-
 # --- re-entrancy of the import hook (Trust, class 3) --------------------------
 
 def _import_outcome():
@@ -242,8 +224,6 @@ def _import_outcome():
     except Exception as error:
         return {"error": "%s: %s" % (type(error).__name__, str(error)[:200])}
     try:
-        from sglang_hotfix_trtllm import patch
-
         records = _records_of_pr26521()
     except Exception:  # the package may be the broken one a test put in place
         records = None

@@ -16,7 +16,6 @@ TARGET_MODULE = "sglang.srt.layers.attention.trtllm_mha_backend"
 METHOD = "init_forward_metadata_capture_cuda_graph"
 
 
-
 def _records_of_pr26521():
     """Entries of the patch registry for record pr26521 (the one these scenarios
     are about; pr25103 wraps __init__ of the same class alongside)."""
@@ -152,7 +151,7 @@ def identity_and_cycles():
     signature_before = str(inspect.signature(cls.init_forward_metadata_capture_cuda_graph))
     os.environ.pop("SGLANG_HOTFIX_TRTLLM_DISABLE", None)
     import sglang_hotfix_trtllm
-    from sglang_hotfix_trtllm import engine, patch
+    from sglang_hotfix_trtllm import engine
 
     first = sglang_hotfix_trtllm.apply()
     after_first = cls.__dict__[METHOD]
