@@ -55,11 +55,35 @@ def switch_on(variable):
 
 def _say(message):
     """One line on stderr when stderr can take it; never raises."""
+    write_stderr("sglang-hotfix-trtllm: %s\n" % message)
+
+
+def write_stderr(text):
+    """Write ``text`` to stderr when it can take it; never raises, and never
+    changes the process's exit status. The text goes to stderr's file
+    descriptor with ``os.write``, not through ``sys.stderr``'s buffer: text left
+    in that buffer by a write that failed (a pipe whose reader is gone) would
+    fail again when Python flushes it at shutdown, and Python would exit 120.
+    A stream without a descriptor (a test's capture) is written as usual."""
     try:
         stream = sys.stderr
-        if stream is not None:
-            stream.write("sglang-hotfix-trtllm: %s\n" % message)
+        if stream is None:
+            return
+        try:
+            descriptor = stream.fileno()
+        except Exception:  # no descriptor behind it: a buffer in memory cannot break a pipe
+            stream.write(text)
             stream.flush()
+            return
+        from os import write
+
+        try:
+            stream.flush()  # what the host wrote before goes first
+        except Exception:
+            pass  # the host's own unwritable text: its fate is the host's, as without us
+        data = text.encode(getattr(stream, "encoding", None) or "utf-8", "backslashreplace")
+        while data:
+            data = data[write(descriptor, data):]
     except Exception:
         pass
 
@@ -108,6 +132,9 @@ def install():
     A watched module already imported (before any finder was armed, or while
     the switch was on) is handed to the engine now; the engine wraps a class
     at most once and says each line once, so calling this again is harmless.
+    A watched module still executing (``install`` called from a module it
+    imports) is not judged half-made: it is handed over once its import has
+    completed (``_AfterImport``).
     """
     if switch_on(DISABLE_VARIABLE):
         return False
@@ -115,16 +142,61 @@ def install():
         sys.meta_path.insert(0, find_spec)
     for name in WATCHED_MODULES:
         module = sys.modules.get(name)
-        if module is not None:
-            hook = _load_import_hook(name)
-            if hook is not None:
-                hook.module_executed(module, name)
+        if module is None:
+            continue
+        if _initializing(module):
+            _AfterImport.watch(name)
+            continue
+        hook = _load_import_hook(name)
+        if hook is not None:
+            hook.module_executed(module, name)
     return True
+
+
+def _initializing(module):
+    """True while the import system is still executing ``module``'s code."""
+    try:
+        return getattr(getattr(module, "__spec__", None), "_initializing", False) is True
+    except Exception:
+        return False
+
+
+class _AfterImport:
+    """A finder that answers None to every lookup and, at each, hands the
+    watched modules whose import has completed since to the engine, then
+    leaves ``sys.meta_path``. It is armed only while a watched module that
+    ``install`` found half-executed finishes its import; the next import of
+    anything after that (SGLang imports on) is the first moment it is whole.
+    If the module's own import fails, it is forgotten."""
+
+    pending = set()
+
+    @classmethod
+    def watch(cls, name):
+        cls.pending.add(name)
+        if cls not in sys.meta_path:
+            sys.meta_path.insert(0, cls)
+
+    @classmethod
+    def find_spec(cls, fullname, path=None, target=None):
+        for name in list(cls.pending):
+            module = sys.modules.get(name)
+            if module is not None and _initializing(module):
+                continue
+            cls.pending.discard(name)
+            if module is not None:
+                hook = _load_import_hook(name)
+                if hook is not None:
+                    hook.module_executed(module, name)
+        if not cls.pending and cls in sys.meta_path:
+            sys.meta_path.remove(cls)
+        return None
 
 
 def uninstall():
     """Disarm the hook (every copy of it): later imports of watched modules are not patched."""
-    sys.meta_path[:] = [finder for finder in sys.meta_path if not is_finder(finder)]
+    _AfterImport.pending.clear()
+    sys.meta_path[:] = [finder for finder in sys.meta_path if not is_finder(finder) and finder is not _AfterImport]
 
 
 def is_installed():
@@ -136,14 +208,15 @@ def is_installed():
 # from ``find_spec`` must reach the importer) and ask its ``find_spec``. ``args``
 # holds the finder's arguments; ``spec`` comes back through the finder's own
 # dictionary. Every character here is read at each start (the .pth line holds
-# it), so it stays short; stderr is line-buffered, the newline flushes it.
+# it), so it stays short; its one line goes to descriptor 2 with os.write, for
+# the reason ``write_stderr`` gives.
 _LOOKUP = (
     "global spec\n"
     "try:from sglang_hotfix_trtllm_autoload import find_spec as f\n"
     "except Exception as e:\n"
     " f=None\n"
-    " try:import sys;sys.stderr.write('sglang-hotfix-trtllm: startup module failed (%r); %s is imported unpatched."
-    " Reinstall sglang-hotfix-trtllm or delete its .pth file\\n'%(e,args[0]))\n"
+    " try:import os;os.write(2,('sglang-hotfix-trtllm: startup module failed (%r); %s is imported unpatched."
+    " Reinstall sglang-hotfix-trtllm or delete its .pth file\\n'%(e,args[0])).encode())\n"
     " except Exception:pass\n"
     "spec=f and f(*args)"
 )
@@ -160,7 +233,7 @@ def startup_line():
     name the line binds is its own: site runs the line in the frame of its
     ``addpackage``."""
     watched = " and ".join("n!=%r" % name for name in sorted(WATCHED_MODULES))
-    finder = "lambda n,*a,g={}:None if %s else exec(G,g,{'args':(n,*a)})or g.pop('spec',None)" % watched
+    finder = "lambda n,p=None,t=None,g={}:None if %s else exec(G,g,{'args':(n,p,t)})or g.pop('spec',None)" % watched
     name = FINDER_MARK
     arm = "%s=eval(%r,{'G':%r});%s.find_spec=%s;%s.%s=True;sys.meta_path.insert(0,%s)" % (
         name, finder, _LOOKUP, name, name, name, FINDER_MARK, name)

@@ -138,6 +138,69 @@ def live_methods(tree, cls, method_names):
     return found
 
 
+# Names of the attribute protocol: code that mentions them can reach any attribute by a computed name.
+_ATTRIBUTE_PROTOCOL = frozenset(("__dict__", "__setattr__", "__delattr__", "__getattribute__", "__getattr__"))
+_NAMED_WRITES = frozenset(("setattr", "delattr", "vars"))
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def _outside_function_bodies(tree):
+    """The nodes of ``tree`` that run at module or class level: everything but
+    the bodies of ``def`` statements (their decorators, defaults and
+    annotations run where the ``def`` is; so do lambdas there)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, _FUNCTIONS):
+            stack.extend(node.decorator_list)
+            stack.extend(d for d in node.args.defaults + node.args.kw_defaults if d is not None)
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def attribute_routes_problem(tree, attributes, module_names=()):
+    """Why the plain ``self.name`` reads and writes a record examines might not
+    be the only ways its ``attributes`` are reached, or "" when they are.
+
+    Refused anywhere in the module: an attribute's name as a string (``getattr``
+    / ``setattr`` / ``__dict__[...]`` by name); a write by computed name
+    (``setattr``, ``delattr``, ``vars()``); any use of the attribute protocol
+    (``__dict__``, ``__setattr__``, ``object.__setattr__`` ...); a class-level
+    binding of an attribute's name to anything but a constant (a ``property``
+    or any descriptor, a method, a lambda); a use of the attribute in code
+    that runs at module or class level (``Cls.name = property(...)``, a lambda
+    in a class body); a ``global`` statement naming one of ``module_names``
+    (the module's names the record's repair reads).
+    """
+    attributes = frozenset(attributes)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and node.value in attributes:
+            return "line %d names %s as a string (an access by name)" % (node.lineno, node.value)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _NAMED_WRITES:
+            if node.func.id == "vars" or len(node.args) < 2 or not isinstance(node.args[1], ast.Constant):
+                return "line %d calls %s() with a computed attribute name" % (node.lineno, node.func.id)
+        if (isinstance(node, ast.Attribute) and node.attr in _ATTRIBUTE_PROTOCOL) or (
+                isinstance(node, ast.Name) and node.id in _ATTRIBUTE_PROTOCOL) or (
+                isinstance(node, _FUNCTIONS) and node.name in _ATTRIBUTE_PROTOCOL):
+            return "line %d uses the attribute protocol (%s)" % (node.lineno, getattr(node, "attr", None)
+                                                                  or getattr(node, "id", None) or node.name)
+        if isinstance(node, ast.Global) and set(node.names) & set(module_names):
+            return "line %d declares `global %s`" % (node.lineno, ", ".join(sorted(set(node.names) & set(module_names))))
+        if isinstance(node, ast.ClassDef):
+            for statement in node.body:
+                for name in attributes:
+                    if _binds_directly(statement, name) and not (
+                            isinstance(statement, (ast.Assign, ast.AnnAssign))
+                            and isinstance(statement.value, (ast.Constant, type(None)))):
+                        return "class %s binds %s at class level (line %d): a descriptor there takes over the " \
+                               "attribute" % (node.name, name, statement.lineno)
+    for node in _outside_function_bodies(tree):
+        if isinstance(node, ast.Attribute) and node.attr in attributes:
+            return "line %d uses .%s in code that runs at module or class level" % (node.lineno, node.attr)
+    return ""
+
+
 def signature_problem(method, parameters, defaults=()):
     """None when ``method`` is undecorated and takes exactly ``self`` and
     ``parameters`` (positional-or-keyword, no ``*``/``**``, no keyword-only),
@@ -291,8 +354,12 @@ def assess_installed(hotfix):
 
 def assess_module(hotfix, module):
     """The verdict on an imported module, from the file it was loaded from."""
-    path, problem = source.source_file(getattr(getattr(module, "__spec__", None), "origin", None)
-                                       or getattr(module, "__file__", None))
+    spec = getattr(module, "__spec__", None)
+    if source.is_namespace(spec):
+        return Assessment(hotfix.name, hotfix.target, Verdict.NOT_APPLICABLE,
+                          "this %s has no %s module (%s)" % (hotfix.distribution, hotfix.module,
+                                                             source.NAMESPACE_REASON % hotfix.module), None, None, ())
+    path, problem = source.source_file(getattr(spec, "origin", None) or getattr(module, "__file__", None))
     if path is None:
         return Assessment(hotfix.name, hotfix.target, Verdict.UNKNOWN,
                           "cannot analyse %s: %s" % (hotfix.module, problem), None, None, ())

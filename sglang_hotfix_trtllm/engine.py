@@ -129,18 +129,19 @@ def handle(hotfix, module):
 
     try:
         outcome = patch.wrap(hotfix, module, assessment)
+    except patch.NotWrappable as problem:
+        _refuse(hotfix, current.strict, "not patching %s (%s, %s): %s" % (hotfix.target, _version_text(hotfix, path), path, problem),
+                problem)
+        return "refused"
     except Exception as error:
         _refuse(hotfix, current.strict, "could not patch %s (%s, %s): %s: %s" % (
             hotfix.target, _version_text(hotfix, path), path, type(error).__name__, error), error)
         return "refused"
     if outcome == "wrapped":
-        below = getattr(module, hotfix.class_name).__dict__[hotfix.method_name].__wrapped__
-        stacked = "" if not hasattr(below, "__wrapped__") else " (on top of an existing wrapper, %s.%s)" % (
-            getattr(below, "__module__", "?"), getattr(below, "__qualname__", type(below).__name__))
         say(
             logging.INFO,
-            "patched %s (%s, fingerprint %s): %s as %s does%s",
-            hotfix.target, _version_text(hotfix, path), assessment.fingerprint, hotfix.effect, hotfix.upstream, stacked,
+            "patched %s (%s, fingerprint %s): %s as %s does",
+            hotfix.target, _version_text(hotfix, path), assessment.fingerprint, hotfix.effect, hotfix.upstream,
             once_key=("patched", hotfix.name),
         )
         return "patched"

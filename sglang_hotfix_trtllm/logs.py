@@ -12,7 +12,8 @@ and not at all when stderr is None, closed or a broken pipe.
 
 import logging
 import os
-import sys
+
+import sglang_hotfix_trtllm_autoload
 
 LOGGER_NAME = "sglang_hotfix_trtllm"
 logger = logging.getLogger(LOGGER_NAME)
@@ -39,12 +40,10 @@ class _FallbackHandler(logging.Handler):
         try:
             if _handled_above(record):
                 return
-            stream = sys.stderr
-            if stream is not None:
-                stream.write(self.format(record) + "\n")
-                stream.flush()
+            text = self.format(record) + "\n"
         except Exception:
-            pass  # stderr closed or a broken pipe: the host must not pay for our log line
+            return
+        sglang_hotfix_trtllm_autoload.write_stderr(text)  # never raises: stderr closed or a broken pipe
 
     def handleError(self, record):
         pass
@@ -70,3 +69,11 @@ def say(level, message, *args, once_key=None):
         logger.log(level, message, *args)
     except Exception:
         pass
+
+
+def repair_skipped(target, record, error):
+    """A record's wrapper could not compute its repair for one call (a model
+    runner without an attribute the repair reads, say): SGLang's own result is
+    left as it is. One WARNING per process and record; never raises."""
+    say(logging.WARNING, "not repairing a call of %s (record %s): %s: %s; SGLang's own result is left as it set it "
+        "(logged once per process)", target, record, type(error).__name__, error, once_key=("repair-skipped", record))

@@ -1,13 +1,31 @@
 """Patch: wrap a hotfix's target method on its class with wrapt, and revert.
 
 Imported only when something is to be wrapped (after ``engine.decide`` saw
-that wrapt imports), so wrapt is imported here at module level. Every
-original this package replaced sits in ``_patched`` (as gevent keeps its
-``saved`` dict): ``is_patched`` asks it and ``remove_all`` reads it. Never
-imports torch or SGLang. ``wrap`` raises on failure; the caller decides
-whether that stops the process.
+that wrapt imports), so wrapt is imported here at module level. Never imports
+torch or SGLang. ``wrap`` raises ``NotWrappable`` when the hotfix must stand
+aside; the caller decides whether that stops the process.
+
+Composition with other patchers (SGLang's ``HookRegistry``, wrapt wrappers,
+``functools.wraps`` decorators, plain reassignment). A record's repair is
+proven for a call of SGLang's own method, so the hotfix wraps only SGLang's
+own function, found as the class attribute itself:
+
+* another wrapper *above* ours (installed after us: what SGLang's plugin
+  loader and HookRegistry do, since the hotfix wraps at import) calls ours,
+  and ours calls SGLang's method directly: the repair is exactly as alone;
+* anything already *below* (the attribute is not the analysed function: a
+  wrapper, a replacement) makes the hotfix stand aside: what runs under it
+  may receive other arguments, or not be SGLang's method at all;
+* ``remove()`` puts the original back when ours is on top; when another
+  wrapper sits above ours it cannot take ours out of that chain, so it turns
+  ours off in place (wrapt's ``enabled``): the call then goes straight through.
+
+State, in one place (as gevent keeps its ``saved`` dict): ``_applied`` holds
+one ``Applied`` per wrapped method; ``is_patched``, ``remove_all`` and the
+engine's report all read it.
 """
 
+import functools
 import logging
 import os
 import threading
@@ -19,8 +37,30 @@ import wrapt
 from .logs import say
 
 _lock = threading.RLock()
-# (weak ref to the patched class, hotfix, original function object)
-_patched = []
+# Every method this package wrapped in this process, in order.
+_applied = []
+
+
+class NotWrappable(Exception):
+    """The class attribute is not the function the analysis read: the hotfix stands aside."""
+
+
+class Applied:
+    """One wrapped method: the class (weakly), the record, the original
+    function object and our wrapper. Calling it answers wrapt's ``enabled``
+    question: False once ``remove()`` turned the wrapper off in place."""
+
+    __slots__ = ("cls_ref", "hotfix", "original", "wrapper", "enabled", "__weakref__")
+
+    def __init__(self, cls, hotfix, original):
+        self.cls_ref = weakref.ref(cls)
+        self.hotfix = hotfix
+        self.original = original
+        self.wrapper = None
+        self.enabled = True
+
+    def __call__(self):
+        return self.enabled
 
 
 class HotfixWrapper(wrapt.FunctionWrapper):
@@ -28,16 +68,37 @@ class HotfixWrapper(wrapt.FunctionWrapper):
 
 
 def _is_ours(attribute, hotfix):
-    return isinstance(attribute, HotfixWrapper) and attribute._self_hotfix_name == hotfix.name
+    try:
+        return isinstance(attribute, HotfixWrapper) and attribute._self_hotfix_name == hotfix.name
+    except Exception:
+        return False
 
 
 def _chain(attribute):
-    """The attribute and everything below it through ``__wrapped__``."""
+    """The attribute and what it calls below it through ``__wrapped__``.
+
+    A plain function that declares ``__wrapped__`` but does not hold it in its
+    closure (SGLang's HookRegistry REPLACE wrapper calls the plugin's function,
+    not the one it names) ends the chain: what it names is never called."""
     seen = set()
     while attribute is not None and id(attribute) not in seen:
         seen.add(id(attribute))
         yield attribute
-        attribute = getattr(attribute, "__wrapped__", None)
+        try:
+            below = getattr(attribute, "__wrapped__", None)
+            if type(attribute) is types.FunctionType and below is not None and not any(
+                    _cell_holds(cell, below) for cell in attribute.__closure__ or ()):
+                return
+            attribute = below
+        except Exception:  # a hostile proxy: the chain ends here
+            return
+
+
+def _cell_holds(cell, value):
+    try:
+        return cell.cell_contents is value
+    except ValueError:  # an empty cell
+        return False
 
 
 def _ours_in_chain(attribute, hotfix):
@@ -47,25 +108,20 @@ def _ours_in_chain(attribute, hotfix):
     return any(_is_ours(a, hotfix) or _is_ours(getattr(a, "_self_parent", None), hotfix) for a in _chain(attribute))
 
 
-def _innermost(attribute):
-    """The function at the bottom of ``__wrapped__`` (functools.wraps, SGLang's
-    HookRegistry), as ``inspect.unwrap`` finds it, without importing inspect."""
-    for attribute in _chain(attribute):
-        pass
-    return attribute
+def _describe(attribute):
+    code = getattr(attribute, "__code__", None)
+    where = " from %s" % code.co_filename if code is not None else ""
+    return "%s %s.%s%s" % (type(attribute).__name__, getattr(attribute, "__module__", "?"),
+                           getattr(attribute, "__qualname__", "?"), where)
 
 
 def _check_wrappable(hotfix, current, assessment):
-    """The function at the bottom of the attribute must be the code we analysed.
-
-    Returns None when it is, else why not. A wrapper that declares what it
-    wraps (``__wrapped__``, as SGLang's HookRegistry does) is accepted: the
-    hotfix then wraps on top of it.
-    """
-    function = _innermost(current)
-    code = getattr(function, "__code__", None)
-    if not isinstance(function, types.FunctionType) or code is None:
-        return "%s is a %s, not the function SGLang defines (replaced by someone else?)" % (hotfix.target, type(function).__name__)
+    """None when the class attribute is the function the analysis read, else why not."""
+    if type(current) is not types.FunctionType or hasattr(current, "__wrapped__"):  # type(): proxies pass isinstance
+        return ("%s is already wrapped or replaced by someone else (%s): the hotfix's repair is proven only directly "
+                "around SGLang's own method, so it stands aside. The .pth file, SGLang's plugin loader and `run` "
+                "apply the hotfix when the backend is imported, before other patchers" % (hotfix.target, _describe(current)))
+    code = current.__code__
     if code.co_name != hotfix.method_name:
         return "%s holds function %r from %s (replaced by someone else?)" % (hotfix.target, code.co_name, code.co_filename)
     if assessment.source_path and os.path.basename(code.co_filename) != os.path.basename(assessment.source_path):
@@ -79,42 +135,74 @@ def _check_wrappable(hotfix, current, assessment):
 def wrap(hotfix, module, assessment):
     """Wrap the target method on its class. Returns "wrapped" or "already".
 
-    Raises on failure (the caller decides whether that stops the process).
+    The record's wrapper gets ``module`` (the module it was applied to) as its
+    first argument: the names of the target module it needs come from there,
+    never from the globals of whatever function it wraps.
+    Raises ``NotWrappable`` when the hotfix must stand aside.
     """
     with _lock:
         cls = getattr(module, hotfix.class_name)
         current = cls.__dict__[hotfix.method_name]
         if _ours_in_chain(current, hotfix):
+            entry = _entry(hotfix, cls)
+            if entry is not None and not entry.enabled:
+                entry.enabled = True  # apply() after a remove() that could only turn ours off
+                return "wrapped"
             return "already"
         problem = _check_wrappable(hotfix, current, assessment)
         if problem:
-            raise RuntimeError(problem)
-        wrapper = HotfixWrapper(current, hotfix.wrapper)
+            raise NotWrappable(problem)
+        entry = Applied(cls, hotfix, current)
+        wrapper = HotfixWrapper(current, functools.partial(hotfix.wrapper, module), enabled=entry)
         wrapper._self_hotfix_name = hotfix.name
+        entry.wrapper = wrapper
         setattr(cls, hotfix.method_name, wrapper)
-        _patched.append((weakref.ref(cls), hotfix, current))
+        _applied.append(entry)
         return "wrapped"
 
 
+def _entry(hotfix, cls):
+    for entry in _applied:
+        if entry.hotfix.name == hotfix.name and entry.cls_ref() is cls:
+            return entry
+    return None
+
+
 def remove_all():
-    """Put every original function object back; returns how many were restored."""
+    """Undo every wrap; returns how many methods were restored or turned off.
+
+    Ours on top: the original function object goes back. Ours under another
+    wrapper: it is turned off in place (the call goes straight to SGLang's
+    method) and stays in that chain. Replaced by someone else: nothing to undo.
+    """
     restored = 0
     with _lock:
-        for cls_ref, hotfix, original in _patched:
-            cls = cls_ref()
+        for entry in _applied:
+            cls = entry.cls_ref()
             if cls is None:
                 continue
-            if _is_ours(cls.__dict__.get(hotfix.method_name), hotfix):
-                setattr(cls, hotfix.method_name, original)
+            current = cls.__dict__.get(entry.hotfix.method_name)
+            if current is entry.wrapper:
+                setattr(cls, entry.hotfix.method_name, entry.original)
                 restored += 1
+            elif _ours_in_chain(current, entry.hotfix):
+                entry.enabled = False
+                restored += 1
+                say(logging.WARNING, "%s: another wrapper sits on top of the hotfix's; the hotfix is turned off "
+                    "in place and calls go straight to SGLang's method", entry.hotfix.target)
             else:
-                say(logging.WARNING, "not restoring %s: it was replaced after the hotfix wrapped it", hotfix.target)
-        _patched.clear()
+                say(logging.WARNING, "not restoring %s: it was replaced after the hotfix wrapped it (the hotfix "
+                    "is no longer called there)", entry.hotfix.target)
+        _applied[:] = [e for e in _applied if not e.enabled and e.cls_ref() is not None
+                       and _ours_in_chain(e.cls_ref().__dict__.get(e.hotfix.method_name), e.hotfix)]
     if restored:
         say(logging.INFO, "removed: %d method(s) restored to SGLang's original", restored, once_key="removed")
     return restored
 
 
 def is_patched(hotfix, cls):
-    """True when the class's method is wrapped by this hotfix, on top or below another wrapper."""
-    return _ours_in_chain(cls.__dict__.get(hotfix.method_name), hotfix)
+    """True when this hotfix's wrapper is in force on the class's method:
+    wrapped by us, on or under another wrapper, and not turned off."""
+    with _lock:
+        entry = _entry(hotfix, cls)
+        return entry is not None and entry.enabled and _ours_in_chain(cls.__dict__.get(hotfix.method_name), hotfix)

@@ -44,7 +44,7 @@ has no SWA handling at all are ``not-applicable``. Anything else is ``unknown``.
 
 import ast
 
-from . import detect
+from . import detect, logs
 from .fingerprint import of_node
 from .record import Classification, Hotfix, Verdict
 from .release_table import ReleaseTable
@@ -53,7 +53,7 @@ CLASS_NAME = "TRTLLMHAAttnBackend"
 METHOD_NAME = "__init__"
 RESOLVER = "_resolve_swa_kv_pool"
 ATTRIBUTES = ("use_sliding_window_kv_pool", "_swa_kv_pool")
-POOL_CLASS = "SWAKVPool"  # the module's own name for it; the wrapper reads it from the method's globals
+POOL_CLASS = "SWAKVPool"  # the module's own name for it; the wrapper reads it from the module
 POOL_MODULE = "sglang.srt.mem_cache.swa_memory_pool"
 
 
@@ -85,16 +85,25 @@ def resolve_swa_kv_pool(model_runner, swa_kv_pool_class):
     return kvcache if isinstance(kvcache, swa_kv_pool_class) else None
 
 
-def resolve_from_active_pool(wrapped, instance, args, kwargs):
+def resolve_from_active_pool(module, wrapped, instance, args, kwargs):
     """wrapt wrapper of ``__init__``: run SGLang's, then set ``_swa_kv_pool`` and
     ``use_sliding_window_kv_pool`` from the pool 0.5.13 would resolve.
 
     SGLang's ``__init__`` runs first and unchanged, so a call it rejects raises
-    its own error before anything here runs."""
+    its own error before anything here runs. ``SWAKVPool`` is read from
+    ``module``, the module the hotfix was applied to, at each call (as the
+    module's own code reads it), never from ``wrapped``'s globals: another
+    patcher's wrapper below has globals of its own. When the pool cannot be
+    resolved (a model runner without an attribute 0.5.13 reads: test doubles,
+    tools), both attributes stay as SGLang set them and one warning says why.
+    """
     result = wrapped(*args, **kwargs)
     backend, model_runner = _arguments(*args, **kwargs) if instance is None else _arguments(instance, *args, **kwargs)
-    swa_kv_pool_class = getattr(wrapped, "__func__", wrapped).__globals__[POOL_CLASS]
-    pool = resolve_swa_kv_pool(model_runner, swa_kv_pool_class)
+    try:
+        pool = resolve_swa_kv_pool(model_runner, vars(module)[POOL_CLASS])
+    except Exception as error:
+        logs.repair_skipped(HOTFIX.target, HOTFIX.name, error)
+        return result
     backend._swa_kv_pool = pool
     backend.use_sliding_window_kv_pool = pool is not None
     return result
@@ -160,6 +169,19 @@ def _pool_class_problem(tree):
     return None
 
 
+def _readers_problem(methods):
+    """None when every helper the repair relies on is, by name, exactly the code
+    of a known release (pinned whether or not it still touches the attributes:
+    a reader that lost its flag test touches nothing yet reads the wrong pool)."""
+    for name in sorted(READERS):
+        function, problem = methods[name]
+        if problem:
+            return problem
+        if function is not None and of_node(function) not in READERS[name]:
+            return "%s.%s is not the code of a known release (fingerprint %s)" % (CLASS_NAME, name, of_node(function))
+    return None
+
+
 def classify(tree):
     """Classify the source of ``trtllm_mha_backend`` (an ``ast.Module``)."""
     cls, class_problem = detect.live_class(tree, CLASS_NAME)
@@ -190,6 +212,10 @@ def classify(tree):
     if problem:
         return unknown(problem)
     if resolver is not None:
+        overwrites = [line for s, t in zip(body, texts) if t != UPSTREAM_STATEMENT
+                      for line, how in _touches(s) if how != "Load"]
+        if overwrites:
+            return unknown("__init__ sets %s again after %s (line %d)" % (" / ".join(ATTRIBUTES), RESOLVER, overwrites[0]))
         if of_node(resolver) in RESOLVER_FINGERPRINTS and texts.count(UPSTREAM_STATEMENT) == 1:
             return Classification(Verdict.FIXED, "__init__ resolves the SWA pool with %s, from the active KV pool "
                                   "first (SGLang 0.5.13, PRs #25103/#26966)" % RESOLVER, fingerprint, first_line)
@@ -210,7 +236,8 @@ def classify(tree):
             return unknown("__init__ uses the SWA pool attributes or `allocator` outside the resolution (line %d)"
                            % touched[0][0])
 
-    problem = _pool_class_problem(tree) or next((p for name, (_, p) in sorted(methods.items()) if name in READERS and p), None)
+    problem = (_pool_class_problem(tree) or _readers_problem(methods)
+               or detect.attribute_routes_problem(tree, ATTRIBUTES, module_names=(POOL_CLASS,)))
     if problem:
         return unknown(problem)
     for function, owner, found in uses:

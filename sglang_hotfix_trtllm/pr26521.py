@@ -27,7 +27,7 @@ view once, nothing that writes it). Anything else is ``unknown``.
 
 import ast
 
-from . import detect
+from . import detect, logs
 from .fingerprint import of_node
 from .record import Classification, Hotfix, Verdict
 from .release_table import ReleaseTable
@@ -57,7 +57,7 @@ def _arguments(self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, f
 PARAMETERS = _arguments.__code__.co_varnames[1:_arguments.__code__.co_argcount]
 
 
-def prefill_draft_decode_seqlens(wrapped, instance, args, kwargs):
+def prefill_draft_decode_seqlens(module, wrapped, instance, args, kwargs):
     """wrapt wrapper: write ``seq_lens + speculative_step_id + 1`` into the
     draft-decode ``cache_seqlens`` view, then run the original method.
 
@@ -65,6 +65,9 @@ def prefill_draft_decode_seqlens(wrapped, instance, args, kwargs):
     through the class (``self`` positional or by keyword), ``functools.partial``,
     ``types.MethodType``, ``super()``. A call the original rejects writes
     nothing: the original is then called as it was, and raises its own TypeError.
+    When the write cannot be made (an object without the buffers, odd inputs),
+    nothing is written, one warning says why, and the original runs as it would
+    alone. ``module`` (the module the hotfix was applied to) is not needed here.
     """
     try:
         if instance is None:
@@ -73,11 +76,14 @@ def prefill_draft_decode_seqlens(wrapped, instance, args, kwargs):
             backend, bs, seq_lens, forward_mode, spec_info = _arguments(instance, *args, **kwargs)
     except TypeError:
         return wrapped(*args, **kwargs)
-    if spec_info is not None and forward_mode.is_decode_or_idle():
-        # Spelled out rather than getattr(BUFFER_DICT): this runs on every capture call.
-        # `seq_lens + (step + 1)` is upstream's `seq_lens + step + 1` with one tensor operation instead of
-        # two; integer addition is associative (wrap-around included), so the values are identical.
-        backend.decode_cuda_graph_metadata[BUFFER_KEY][:bs].copy_(seq_lens + (backend.speculative_step_id + 1))
+    try:
+        if spec_info is not None and forward_mode.is_decode_or_idle():
+            # Spelled out rather than getattr(BUFFER_DICT): this runs on every capture call.
+            # `seq_lens + (step + 1)` is upstream's `seq_lens + step + 1` with one tensor operation instead of
+            # two; integer addition is associative (wrap-around included), so the values are identical.
+            backend.decode_cuda_graph_metadata[BUFFER_KEY][:bs].copy_(seq_lens + (backend.speculative_step_id + 1))
+    except Exception as error:
+        logs.repair_skipped(HOTFIX.target, HOTFIX.name, error)
     return wrapped(*args, **kwargs)
 
 
@@ -111,6 +117,10 @@ DRAFT_DECODE_PATH = frozenset((
 # must have: `_bind_swa_page_table` (0.5.9 to 0.5.12.post1) receives the
 # buffer dict and only reads another key of it.
 PATH_HELPERS = {"_bind_swa_page_table": frozenset(("ast1:00e24d335c4ab3f5",))}
+# The attributes the wrapper and the path reach by plain `x.name` only: the
+# buffer table and step id it reads off the backend, the metadata field the
+# path binds. Any other route to them (a descriptor, a write by name) is refused.
+RELIED_ON = (BUFFER_DICT, "speculative_step_id", METADATA_FIELD)
 # PR #26521's statement, verbatim: `fixed` means exactly this, right after the binding.
 UPSTREAM_STATEMENT = "metadata.cache_seqlens_int32.copy_(seq_lens + self.speculative_step_id + 1)"
 
@@ -196,6 +206,9 @@ def classify(tree):
     helpers = _unrecognised_helper_calls(tree, cls, path)
     if helpers:
         return unknown("the draft-decode path calls code this hotfix does not know: %s" % "; ".join(helpers))
+    problem = detect.attribute_routes_problem(tree, RELIED_ON)
+    if problem:
+        return unknown(problem)
     if upstream:
         return Classification(
             Verdict.FIXED,

@@ -14,6 +14,7 @@ The patched result must equal upstream's in every buffer and metadata field.
 """
 
 import ast
+import functools
 
 from . import pr26521
 from .record import ProbeReport
@@ -86,7 +87,7 @@ def probe(module):
     original = getattr(current, "__wrapped__", current) if isinstance(current, wrapt.FunctionWrapper) else current
     functions = {
         "unpatched": original,
-        "patched": wrapt.FunctionWrapper(original, pr26521.HOTFIX.wrapper),
+        "patched": wrapt.FunctionWrapper(original, functools.partial(pr26521.HOTFIX.wrapper, module)),
         "upstream": _upstream_function(module),
     }
     seq_lens = torch.tensor(SEQ_LENS, dtype=torch.int64)

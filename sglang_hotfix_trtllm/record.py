@@ -82,7 +82,10 @@ class Hotfix(Value):
     * ``classify(tree) -> Classification``: verdict from the code's structure
       (of the live definitions, see ``detect``); it must not modify ``tree``:
       the records of one module share one parse.
-    * ``wrapper(wrapped, instance, args, kwargs)``: the wrapt wrapper.
+    * ``wrapper(module, wrapped, instance, args, kwargs)``: the wrapt wrapper,
+      with the module it was applied to first (names of the target module come
+      from there). It must never raise where SGLang's method would not: a repair
+      it cannot compute is skipped with ``logs.repair_skipped``.
     * ``known_fingerprints``: fingerprint -> (Verdict, releases with that code).
     * ``probe``: "module:function" run by ``verify`` on the imported target.
     """

@@ -51,6 +51,17 @@ def source_file(origin):
     return origin, None
 
 
+NAMESPACE_REASON = "%s is a namespace package (a folder without __init__.py), not SGLang's module"
+
+
+def is_namespace(spec):
+    """True for the spec of a namespace package (no file, search locations only):
+    at a module's name it holds no code, so there is nothing of SGLang's to
+    judge. Status and the import hook both ask here."""
+    return (spec is not None and getattr(spec, "origin", None) is None
+            and getattr(spec, "submodule_search_locations", None) is not None)
+
+
 class _NamespaceSpec(Value):
     __slots__ = ("origin", "submodule_search_locations")
 
@@ -113,6 +124,8 @@ def locate(module_name):
                 why = "not found under %s" % os.pathsep.join(locations)
             if spec is None:
                 return LocatedSource(module_name, None, "%s %s" % (name, why), True, False)
+    if is_namespace(spec):
+        return LocatedSource(module_name, None, NAMESPACE_REASON % module_name, True, False)
     path, problem = source_file(getattr(spec, "origin", None))
     if path is None:
         return LocatedSource(module_name, None, "%s exists, but %s" % (module_name, problem), True, True)

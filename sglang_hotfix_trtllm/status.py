@@ -68,6 +68,10 @@ def would_patch(decision, startup_active, under_launcher, entry_point, framework
 
 
 def exit_status(assessment, decision, patched):
+    if decision.action in ("disabled", "excluded"):
+        # The operator's choice, made before any verdict is acted on (the process
+        # stands aside silently whatever the code): not an error to fix.
+        return EXIT_UNPROTECTED if assessment.verdict in (Verdict.AFFECTED, Verdict.UNKNOWN) else EXIT_OK
     if assessment.verdict is Verdict.UNKNOWN or decision.action == "refuse":
         return EXIT_ERROR  # the import hook will refuse: an error to fix, not a choice made
     if assessment.verdict is Verdict.AFFECTED and not patched:

@@ -132,9 +132,9 @@ def hook_registry(order):
         original = layer
     compared, mismatches, unpatched_differs = compare_with_oracle(cls, ForwardMode, upstream_fixed_method(module), original)
     top = cls.__dict__[METHOD]
+    patched = patch.is_patched(pr26521.HOTFIX, cls)
     restored = patch.remove_all()
-    # Whether pr26521's wrapper stays in force underneath SGLang's (hotfix-first: remove() cannot unpeel it).
-    _result(order=order, patched=patch.is_patched(pr26521.HOTFIX, cls) if order == "hotfix-first" else None,
+    _result(order=order, patched=patched, patched_after_remove=patch.is_patched(pr26521.HOTFIX, cls),
             top_type=type(top).__name__, top_file=getattr(getattr(top, "__code__", None), "co_filename", None),
             hook_calls=len(calls), compared=compared, mismatches=mismatches, unpatched_differs=unpatched_differs,
             restored=restored, after_remove_top_is_same=cls.__dict__[METHOD] is top)

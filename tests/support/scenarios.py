@@ -21,7 +21,7 @@ def _records_of_pr26521():
     are about; pr25103 wraps __init__ of the same class alongside)."""
     from sglang_hotfix_trtllm import patch
 
-    return sum(1 for _, hotfix, _ in patch._patched if hotfix.name == "pr26521")
+    return sum(1 for entry in patch._applied if entry.hotfix.name == "pr26521")
 
 
 def _result(**findings):
@@ -272,7 +272,7 @@ def toy_record():
         code = cli.main(["status", "--json"])  # `sglang-hotfix-trtllm status --json`, in this process
     report = next(r for r in json.loads(printed.getvalue())["hotfixes"] if r["hotfix"] == toy.TOY.name)
     patch = sys.modules.get("sglang_hotfix_trtllm.patch")  # loaded only when something was wrapped
-    records = sorted(hotfix.name for _, hotfix, _ in patch._patched) if patch else []
+    records = sorted(entry.hotfix.name for entry in patch._applied) if patch else []
     wrapper_type = type(module.Counter.__dict__["next_value"]).__name__
     restored = sglang_hotfix_trtllm.remove()
     _result(patched_value=patched_value, wrapper_type=wrapper_type,

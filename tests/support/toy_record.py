@@ -34,7 +34,7 @@ def classify(tree):
     return Classification(verdict, "next_value is the %s one" % verdict, of_node(method), detect.first_line_of(method))
 
 
-def add_one(wrapped, instance, args, kwargs):
+def add_one(module, wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs) + 1
 
 

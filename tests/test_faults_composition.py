@@ -1,0 +1,372 @@
+"""The fault matrix, round 2: the hotfix composes with other patchers and odd
+callers, and never raises where SGLang's method would not.
+
+Both records, on SGLang 0.5.12's own code (its class compiled from the
+release's file, in this process: ``isolated_release`` for pr26521,
+``swa_cases`` with SGLang's real pools for pr25103), under every kind of
+patcher an SGLang host meets on the same method: SGLang's real
+``HookRegistry`` (each ``HookType`` the installed release has), a wrapt
+``FunctionWrapper``, a ``functools.wraps`` decorator and a plain reassignment;
+each installed below the hotfix (before it), above it (after it), above it and
+then taken off again. The rule each case holds: the hotfix works exactly as
+it does alone (the oracle's result), or it stands aside with one warning, and
+``patch.is_patched`` says which.
+"""
+
+import functools
+import logging
+import sys
+import types
+
+import pytest
+import torch
+import wrapt
+
+import capture_harness
+import isolated_release
+import release_selection
+import swa_cases
+from sglang_hotfix_trtllm import engine, logs, patch, pr25103, pr26521
+from upstream_fix import upstream_fixed_method
+
+RELEASE = "0.5.12"
+ALIAS = "hotfix_composition_target"  # the module's name in sys.modules while HookRegistry resolves it
+
+
+@pytest.fixture
+def lines():
+    """The hotfix's log lines of one test, and a fresh 'once' memory."""
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append((record.levelname, record.getMessage()))
+
+    handler = Keep(level=logging.DEBUG)
+    logs.logger.addHandler(handler)
+    saved = set(logs._said)
+    logs._said.clear()
+    yield records
+    logs.logger.removeHandler(handler)
+    logs._said.clear()
+    logs._said.update(saved)
+
+
+@pytest.fixture
+def registry():
+    hook_registry = pytest.importorskip("sglang.srt.plugins.hook_registry")
+    hook_registry.HookRegistry.reset()
+    yield hook_registry
+    hook_registry.HookRegistry.reset()
+    sys.modules.pop(ALIAS, None)
+
+
+# --------------------------------------------------------------------------
+# The two records, each with a check of "exactly as alone"
+
+
+class Capture:
+    """pr26521 on 0.5.12's capture method: the draft-decode capture against the oracle
+    (the same method with PR #26521's statement inserted)."""
+
+    hotfix = pr26521.HOTFIX
+
+    def __init__(self):
+        self.module = isolated_release.load_backend_module(release_selection.release_dir(RELEASE))
+        self.cls = self.module.TRTLLMHAAttnBackend
+        self.oracle = upstream_fixed_method(self.module)
+        self.original = self.cls.__dict__[self.hotfix.method_name]
+
+    def outcome(self):
+        """'as-alone' when every capture equals the oracle's, 'unpatched' when it equals SGLang's own."""
+        results = set()
+        for step_id in (0, 2):
+            for bs in (4, 1):
+                req_pool_indices, seq_lens = capture_harness.inputs(bs, seed=bs + step_id)
+                states = {}
+                for name, function in (("now", capture_harness.via_instance), ("oracle", self.oracle),
+                                       ("unpatched", self.original)):
+                    backend = capture_harness.make_backend(self.cls, step_id)
+                    capture_harness.call(function, backend, bs, 1, req_pool_indices, seq_lens,
+                                         self.module.ForwardMode.DECODE, capture_harness.SPEC_INFO, "keyword")
+                    states[name] = capture_harness.snapshot(backend)
+                results.add("as-alone" if not capture_harness.differences(states["now"], states["oracle"]) else
+                            "unpatched" if not capture_harness.differences(states["now"], states["unpatched"]) else "other")
+        assert len(results) == 1, results
+        return results.pop()
+
+
+class SlidingWindowPool:
+    """pr25103 on 0.5.12's ``__init__`` with SGLang's real pools: every model
+    runner of ``swa_cases`` against what 0.5.13's resolver returns."""
+
+    hotfix = pr25103.HOTFIX
+
+    def __init__(self):
+        self.module = swa_cases.load_backend_module(release_selection.release_dir(RELEASE))
+        self.cls = self.module.TRTLLMHAAttnBackend
+        self.original = self.cls.__dict__[self.hotfix.method_name]
+        self.upstream = swa_cases.upstream(release_selection.release_dir("0.5.13"))
+        self.cases = swa_cases.cases(release_selection.release_dir("0.5.11"))
+
+    @staticmethod
+    def _as_0_5_13_sees_it(runner):
+        """0.5.13 asks ``is_frozen_kv_mtp()``, which the enum of releases before 0.5.12 lacks."""
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        return types.SimpleNamespace(**dict(vars(runner), spec_algorithm=SpeculativeAlgorithm[runner.spec_algorithm.name]))
+
+    def outcome(self):
+        """'as-alone' when every case resolves 0.5.13's pool, 'unpatched' when every
+        case keeps 0.5.12's; cases where the two agree count for both."""
+        results = {"as-alone", "unpatched"}
+        for name, (world, runner) in self.cases.items():
+            backend = self.cls(runner)
+            pool = self.upstream._resolve_swa_kv_pool(self._as_0_5_13_sees_it(runner))
+            unpatched = self.cls.__new__(self.cls)
+            self.original(unpatched, runner)
+            seen = (backend._swa_kv_pool, backend.use_sliding_window_kv_pool)
+            if seen != (pool, pool is not None):
+                results.discard("as-alone")
+            if seen != (unpatched._swa_kv_pool, unpatched.use_sliding_window_kv_pool):
+                results.discard("unpatched")
+        # The cases include drafts on which 0.5.12 and 0.5.13 differ: the two outcomes are told apart.
+        assert len(results) == 1, results
+        return results.pop()
+
+
+RECORDS = {"pr26521": Capture, "pr25103": SlidingWindowPool}
+
+
+@pytest.fixture(params=list(RECORDS))
+def record(request):
+    target = RECORDS[request.param]()
+    yield target
+    patch.remove_all()
+    setattr(target.cls, target.hotfix.method_name, target.original)
+
+
+# --------------------------------------------------------------------------
+# The patchers: each installs itself on the class attribute as it is now.
+
+
+def _hook_registry(kind):
+    def install(record, registry):
+        hook_type = registry.HookType[kind]
+        hook = {
+            "BEFORE": lambda *args, **kwargs: None,
+            "AFTER": lambda result, *args, **kwargs: None,
+            "AROUND": lambda original, *args, **kwargs: original(*args, **kwargs),
+            # A plugin's own implementation; here SGLang's, so that only who runs differs.
+            "REPLACE": lambda *args, **kwargs: record.original(*args, **kwargs),
+        }[kind]
+        sys.modules[ALIAS] = record.module
+        registry.HookRegistry.reset()
+        registry.HookRegistry.register("%s.%s.%s" % (ALIAS, record.cls.__name__, record.hotfix.method_name), hook, hook_type)
+        registry.HookRegistry.apply_hooks()
+    return install
+
+
+def _wrapt_wrapper(record, registry):
+    wrapt.wrap_function_wrapper(record.cls, record.hotfix.method_name,
+                                lambda wrapped, instance, args, kwargs: wrapped(*args, **kwargs))
+
+
+def _functools_wraps(record, registry):
+    current = record.cls.__dict__[record.hotfix.method_name]
+
+    @functools.wraps(current)
+    def timed(*args, **kwargs):
+        return current(*args, **kwargs)
+
+    setattr(record.cls, record.hotfix.method_name, timed)
+
+
+def _plain_reassignment(record, registry):
+    original = record.original
+
+    def replacement(*args, **kwargs):  # a vendor's own method, which happens to call SGLang's
+        return original(*args, **kwargs)
+
+    setattr(record.cls, record.hotfix.method_name, replacement)
+
+
+PATCHERS = {
+    "hook_registry_before": _hook_registry("BEFORE"),
+    "hook_registry_after": _hook_registry("AFTER"),
+    "hook_registry_around": _hook_registry("AROUND"),
+    "hook_registry_replace": _hook_registry("REPLACE"),
+    "wrapt_function_wrapper": _wrapt_wrapper,
+    "functools_wraps_decorator": _functools_wraps,
+    "plain_reassignment": _plain_reassignment,
+}
+# Patchers that call what they wrap: above the hotfix, the hotfix stays in force.
+CALL_THROUGH = {"hook_registry_before", "hook_registry_after", "hook_registry_around", "wrapt_function_wrapper",
+                "functools_wraps_decorator"}
+
+
+def _warnings(lines):
+    return [message for level, message in lines if level == "WARNING"]
+
+
+@pytest.mark.parametrize("patcher", list(PATCHERS))
+def test_another_patcher_below_the_hotfix_makes_it_stand_aside_with_one_warning(record, patcher, registry, lines):
+    PATCHERS[patcher](record, registry)
+    theirs = record.cls.__dict__[record.hotfix.method_name]
+    assert engine.handle(record.hotfix, record.module) == "refused"
+    assert record.cls.__dict__[record.hotfix.method_name] is theirs
+    assert not patch.is_patched(record.hotfix, record.cls)
+    (warning,) = _warnings(lines)
+    assert "stands aside" in warning or "replaced by someone else" in warning or "compiled from" in warning, warning
+    assert "SGLang runs unpatched" in warning and record.hotfix.target in warning
+    assert record.outcome() == "unpatched"  # and nothing raised on the way
+
+
+@pytest.mark.parametrize("patcher", list(PATCHERS))
+def test_another_patcher_above_the_hotfix_keeps_it_exact_or_reports_it_gone(record, patcher, registry, lines):
+    assert engine.handle(record.hotfix, record.module) == "patched"
+    PATCHERS[patcher](record, registry)
+    if patcher in CALL_THROUGH:
+        assert patch.is_patched(record.hotfix, record.cls)
+        assert record.outcome() == "as-alone"
+    else:  # their own method replaces SGLang's, and the hotfix with it: status says so
+        assert not patch.is_patched(record.hotfix, record.cls)
+        assert record.outcome() == "unpatched"
+    assert _warnings(lines) == []
+    # remove(): ours on top is put back; ours under theirs is turned off in place.
+    patch.remove_all()
+    assert not patch.is_patched(record.hotfix, record.cls)
+    assert record.outcome() == "unpatched"
+
+
+@pytest.mark.parametrize("patcher", list(PATCHERS))
+def test_the_other_patcher_taken_off_again_leaves_the_hotfix_exact(record, patcher, registry, lines):
+    assert engine.handle(record.hotfix, record.module) == "patched"
+    ours = record.cls.__dict__[record.hotfix.method_name]
+    PATCHERS[patcher](record, registry)
+    setattr(record.cls, record.hotfix.method_name, ours)  # the other patcher undoes itself
+    assert patch.is_patched(record.hotfix, record.cls)
+    assert record.outcome() == "as-alone"
+    assert engine.handle(record.hotfix, record.module) == "already"
+
+
+def test_hook_registry_after_hook_below_pr25103_no_longer_breaks_every_construction(registry, lines):
+    """The serious case of 0.3.0: the wrapper read SWAKVPool from the globals of
+    the function it wrapped (hook_registry's) and raised KeyError at each
+    construction. Applied on top by force here (as 0.3.0 did), the repair
+    takes the name from the module it was applied to."""
+    target = SlidingWindowPool()
+    try:
+        _hook_registry("AFTER")(target, registry)
+        theirs = target.cls.__dict__["__init__"]
+        forced = patch.HotfixWrapper(theirs, functools.partial(pr25103.HOTFIX.wrapper, target.module))
+        target.cls.__init__ = forced
+        assert target.outcome() == "as-alone"
+    finally:
+        target.cls.__init__ = target.original
+
+
+# --------------------------------------------------------------------------
+# Class 2: the wrapper never raises where SGLang's method does not.
+
+
+class _Without:
+    """A model runner that lacks one attribute: every other is the real one's."""
+
+    def __init__(self, runner, missing):
+        self.__runner, self.__missing = runner, missing
+
+    def __getattr__(self, name):
+        if name == self.__missing:
+            raise AttributeError("%r object has no attribute %r (simulated)" % ("ModelRunner", name))
+        return getattr(self.__runner, name)
+
+
+@pytest.mark.parametrize("missing", ["token_to_kv_pool", "is_draft_worker", "spec_algorithm", "token_to_kv_pool_allocator"])
+def test_pr25103_leaves_sglangs_pool_when_the_runner_lacks_what_the_repair_reads(missing, lines):
+    target = SlidingWindowPool()
+    world, runner = target.cases["eagle3_draft"]
+    odd = _Without(runner, missing)
+    unpatched = target.cls.__new__(target.cls)
+    try:
+        target.original(unpatched, odd)
+    except AttributeError:
+        sglang_raises = True  # SGLang's own __init__ reads it too: then so may we
+    else:
+        sglang_raises = False
+    assert engine.handle(target.hotfix, target.module) == "patched"
+    try:
+        if sglang_raises:
+            with pytest.raises(AttributeError):
+                target.cls(odd)
+            return
+        backend = target.cls(odd)
+        target.cls(odd)  # the warning is said once per process
+    finally:
+        patch.remove_all()
+    assert backend._swa_kv_pool is unpatched._swa_kv_pool
+    assert backend.use_sliding_window_kv_pool is unpatched.use_sliding_window_kv_pool
+    (warning,) = _warnings(lines)
+    assert "not repairing a call of" in warning and missing in warning and "pr25103" in warning
+
+
+def test_pr25103_without_the_pool_class_in_its_module_leaves_sglangs_pool(lines):
+    target = SlidingWindowPool()
+    world, runner = target.cases["eagle3_draft"]
+    assert engine.handle(target.hotfix, target.module) == "patched"
+    saved = target.module.__dict__.pop("SWAKVPool")
+    try:
+        backend = target.cls(runner)
+    finally:
+        target.module.SWAKVPool = saved
+        patch.remove_all()
+    assert backend.use_sliding_window_kv_pool is True  # as 0.5.12 set it
+    (warning,) = _warnings(lines)
+    assert "KeyError" in warning and "SWAKVPool" in warning
+
+
+@pytest.mark.parametrize("missing", ["decode_cuda_graph_metadata", "speculative_step_id"])
+def test_pr26521_writes_nothing_and_lets_sglang_speak_when_the_backend_lacks_what_it_reads(missing, lines):
+    target = Capture()
+    req_pool_indices, seq_lens = capture_harness.inputs(2, seed=1)
+    forward_mode = target.module.ForwardMode.DECODE
+
+    def attempt(function):
+        backend = capture_harness.make_backend(target.cls, 0)
+        delattr(backend, missing)
+        try:
+            capture_harness.call(function, backend, 2, 1, req_pool_indices, seq_lens, forward_mode,
+                                 capture_harness.SPEC_INFO, "keyword")
+        except Exception as error:
+            return type(error), str(error)
+        return None
+
+    alone = attempt(target.original)
+    assert engine.handle(target.hotfix, target.module) == "patched"
+    try:
+        under_hotfix = attempt(capture_harness.via_instance)
+    finally:
+        patch.remove_all()
+    assert under_hotfix == alone  # SGLang's own error, or none, whatever the hotfix does
+    (warning,) = _warnings(lines)
+    assert "not repairing a call of" in warning and missing in warning
+
+
+def test_pr26521_with_lengths_it_cannot_add_to_leaves_sglangs_capture_alone(lines):
+    """SGLang's capture only asks ``seq_lens`` for ``.device`` and ``.max()``; an
+    object with just those (a tool's stand-in) passes there, and must here."""
+    target = Capture()
+    odd = types.SimpleNamespace(max=lambda: torch.tensor(3), device="cpu")  # `odd + 1` raises TypeError
+    forward_mode = target.module.ForwardMode.DECODE
+    alone = capture_harness.make_backend(target.cls, 0)
+    target.original(alone, 2, 2, torch.arange(2), odd, None, forward_mode, capture_harness.SPEC_INFO)
+    assert engine.handle(target.hotfix, target.module) == "patched"
+    try:
+        backend = capture_harness.make_backend(target.cls, 0)
+        backend.init_forward_metadata_capture_cuda_graph(2, 2, torch.arange(2), odd, None, forward_mode,
+                                                         capture_harness.SPEC_INFO)
+    finally:
+        patch.remove_all()
+    assert capture_harness.differences(capture_harness.snapshot(backend), capture_harness.snapshot(alone)) == []
+    (warning,) = _warnings(lines)
+    assert "not repairing a call of" in warning and "TypeError" in warning

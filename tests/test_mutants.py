@@ -1,0 +1,433 @@
+"""Verdicts tested by mutation: every AST mutant of the code a record depends
+on is either refused (verdict ``unknown``) or repaired exactly: the plugin's
+repair of the mutant, applied by the engine as the import hook applies it,
+equals upstream's change applied to that same mutant, on the oracle's inputs.
+A ``fixed`` or ``not-applicable`` verdict on a mutant is always a failure (no
+single mutation turns these releases into upstream's fixed code).
+
+Mutants come from ``support/mutants.py`` (statements dropped, swapped,
+duplicated, branch tests negated, constants and attribute names changed,
+extra writes of what the record is about), each classified by the installed
+record's own ``classify(ast.parse(text))``. For each one called ``affected``:
+
+* pr26521: the mutated file is compiled as ``isolated_release`` compiles a
+  release, the engine wraps its capture method, and every branch of the
+  capture harness (three speculative steps, both call styles, a sequence of
+  batch sizes, without and with sliding-window page tables where the release
+  has them) must leave exactly the state, and raise exactly the error, that
+  the mutant with PR #26521's statement inserted after the draft-decode
+  binding leaves and raises (``upstream_fix``, which shares no code with the
+  plugin's detector). Called directly and through the class.
+* pr25103: the mutated module is compiled as ``swa_cases`` compiles a release,
+  the engine wraps its ``__init__``, and in every case of ``swa_cases`` the
+  backend must equal the one built by the mutant whose three allocator
+  statements are replaced by upstream's resolution (SGLang 0.5.13's
+  ``_resolve_swa_kv_pool``, compiled from the 0.5.13 wheel, with the flag set
+  to "a pool was resolved", which is what 0.5.13's helpers ask): the same
+  pool object, flag, every other attribute, the same SWA page-table buffer
+  from ``_alloc_swa_page_table``, and the same reads (page tables, cache
+  locations, key rows) through the mutant's own helpers; or the same error.
+
+Each test asserts that the unmutated source is ``affected``, that the
+differential tells the unpatched source from upstream's (so it can fail), that
+the generator made at least as many mutants as measured, and lists every
+mutant that breaks the rule, with its id and the mutated statement.
+
+Releases: the installed SGLang (0.5.12) always; the other code variants
+(pr26521: 0.5.1, 0.5.3; pr25103: 0.5.9) unless ``SGLANG_HOTFIX_RELEASES`` is
+``quick`` (a comma-separated list picks among them).
+"""
+
+import ast
+import collections
+import importlib.metadata
+import os
+import time
+import types
+
+import pytest
+import torch
+
+import capture_harness
+import isolated_release
+import mutants
+import release_selection
+import swa_cases
+import upstream_fix
+from sglang_hotfix_trtllm import engine, patch, pr25103, pr26521
+from sglang_hotfix_trtllm.record import Verdict
+
+INSTALLED = "installed"
+CLASS_NAME = "TRTLLMHAAttnBackend"
+OUR_VARIABLES = ("SGLANG_HOTFIX_TRTLLM_DISABLE", "SGLANG_HOTFIX_TRTLLM_STRICT", "SGLANG_PLUGINS")
+
+RECORDS = {
+    "pr26521": dict(
+        record=pr26521,
+        methods=("init_forward_metadata_capture_cuda_graph", "_bind_swa_page_table"),
+        writes={
+            "fill0": "metadata.cache_seqlens_int32.fill_(0)",
+            "zero_buffer": "self.decode_cuda_graph_metadata['cache_seqlens'].zero_()",
+        },
+        variants=("0.5.1", "0.5.3"),
+    ),
+    "pr25103": dict(
+        record=pr25103,
+        methods=("__init__", "_maybe_translate_swa", "_alloc_swa_page_table", "_get_layer_cache_loc",
+                 "_get_layer_page_table"),
+        writes={
+            "pool_none": "self._swa_kv_pool = None",
+            "flag_true": "self.use_sliding_window_kv_pool = True",
+            "pool_active": "self._swa_kv_pool = model_runner.token_to_kv_pool",
+        },
+        variants=("0.5.9",),
+    ),
+}
+# Mutants the generator makes, measured (pr26521: 363 on 0.5.12, 310 on 0.5.1 and
+# 0.5.3; pr25103: 403 on 0.5.12, 331 on 0.5.9), less a little: a generator that
+# silently stops mutating fails here.
+FLOORS = {
+    ("pr26521", INSTALLED): 350, ("pr26521", "0.5.1"): 300, ("pr26521", "0.5.3"): 300,
+    ("pr25103", INSTALLED): 390, ("pr25103", "0.5.9"): 320,
+}
+
+
+def _releases(variants):
+    chosen = release_selection.selected(list(variants), ())  # all: every variant; quick: none; a list: those named
+    return [INSTALLED] + [r for r in chosen if r in variants]
+
+
+PARAMS = [(name, release) for name, spec in RECORDS.items() for release in _releases(spec["variants"])]
+
+
+@pytest.fixture
+def no_switches(monkeypatch):
+    for name in OUR_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    # Each mutant module allocates its own workspace buffer (a module global): small, so it costs nothing.
+    monkeypatch.setenv("SGLANG_FLASHINFER_WORKSPACE_SIZE", "4096")
+
+
+def _write(folder, text):
+    path = folder / isolated_release.BACKEND
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _error(error):
+    return "%s: %s" % (type(error).__name__, error)
+
+
+def _same(a, b):
+    """Values equal: tensors by dtype, shape and content, containers item by item,
+    plain values by ==, anything else only when it is the same object."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.dtype == b.dtype and a.shape == b.shape and a.device == b.device and torch.equal(a, b)
+    if a is b:
+        return True
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and type(a) is type(b):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if type(a) is type(b) and isinstance(a, (int, float, str, bool, torch.dtype, torch.device)):
+        return a == b
+    return False
+
+
+# --------------------------------------------------------------------------
+# pr26521: the capture method, patched, against the mutant with PR #26521's statement
+
+
+class CaptureRepair:
+    """Compiles a mutated file as ``isolated_release`` does, with the release's
+    ForwardMode loaded once (``load_forward_mode`` is answered from it)."""
+
+    def __init__(self, source_root, tmp, monkeypatch):
+        forward_mode = isolated_release.load_forward_mode(source_root)
+        monkeypatch.setattr(isolated_release, "load_forward_mode", lambda release_dir: forward_mode)
+        self.tmp = tmp
+
+    def check(self, index, text, patched=True):
+        """None when the (engine-patched) mutant equals the oracle in every branch, else the first difference."""
+        folder = self.tmp / ("capture%d" % index)
+        _write(folder, text)
+        try:
+            module = isolated_release.load_backend_module(folder)
+        except Exception as error:
+            return "the mutated module does not load (%s)" % _error(error)
+        cls = module.TRTLLMHAAttnBackend
+        try:
+            oracle = upstream_fix.upstream_fixed_method(module)
+        except Exception as error:
+            return "no oracle: PR #26521's statement cannot be inserted (%s)" % _error(error)
+        if not patched:
+            return _capture_difference(cls, module.ForwardMode, oracle)
+        outcome = engine.handle(pr26521.HOTFIX, module)
+        if outcome != "patched":
+            patch.remove_all()
+            return "the engine did not patch it (%s)" % outcome
+        try:
+            return _capture_difference(cls, module.ForwardMode, oracle)
+        finally:
+            patch.remove_all()
+
+
+def _capture_backend(cls, step_id, swa):
+    backend = capture_harness.make_backend(cls, step_id)
+    if swa:  # sliding-window page tables too, as init_cuda_graph_state allocates them for an SWA pool
+        backend.use_sliding_window_kv_pool = True
+        backend.init_cuda_graph_state(capture_harness.MAX_BS, capture_harness.MAX_BS * capture_harness.NUM_DRAFT_TOKENS)
+    return backend
+
+
+def _capture_value(value):
+    """``capture_harness._value``, with tensors kept as they are (compared at once, by ``_same``)."""
+    if isinstance(value, (torch.Tensor, int, float, str, bool, type(None))):
+        return value
+    if hasattr(value, "__dict__"):
+        return {k: _capture_value(v) for k, v in sorted(vars(value).items())}
+    return repr(value)
+
+
+def _capture_state(backend):
+    """What ``capture_harness.snapshot`` records: every buffer and stored metadata the capture method can touch."""
+    state = {"forward_metadata": _capture_value(backend.forward_metadata)}
+    for name in ("decode_cuda_graph_metadata", "target_verify_metadata", "draft_extend_metadata"):
+        state[name] = {str(key): _capture_value(value) for key, value in getattr(backend, name).items()}
+    return state
+
+
+def _capture_outcome(function, backend, *args):
+    try:
+        capture_harness.call(function, backend, *args)
+        raised = None
+    except Exception as error:
+        raised = _error(error)
+    try:
+        state = _capture_state(backend)
+    except Exception as error:
+        state = "state unreadable: " + _error(error)
+    return {"raised": raised, "state": state}
+
+
+def _paths(a, b, path=""):
+    """Where two outcomes differ (``capture_harness.differences``, for tensors too)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for key in sorted(set(a) | set(b)):
+            out.extend(["%s/%s missing on one side" % (path, key)] if key not in a or key not in b else _paths(a[key], b[key], "%s/%s" % (path, key)))
+        return out
+    return [] if _same(a, b) else [path]
+
+
+def _capture_difference(cls, forward_mode_cls, oracle):
+    """The capture harness's sequences, through the instance and through the
+    class, against the oracle; the first difference in words, or None."""
+    def through_class(backend, *args, **kwargs):
+        return cls.init_forward_metadata_capture_cuda_graph(backend, *args, **kwargs)
+
+    functions = {"patched": capture_harness.via_instance, "class": through_class, "oracle": oracle}
+    for swa in (False, True) if hasattr(cls, "_bind_swa_page_table") else (False,):
+        for step_id in (0, 1, 2):
+            for branch, forward_mode, spec_info, tokens in capture_harness.branches(forward_mode_cls):
+                for style in ("positional", "keyword"):
+                    backends = {name: _capture_backend(cls, step_id, swa) for name in functions}
+                    for bs in (8, 5, 3, 2, 1):
+                        req_pool_indices, seq_lens = capture_harness.inputs(bs, seed=bs * 10 + step_id)
+                        outcomes = {name: _capture_outcome(functions[name], backends[name], bs, tokens, req_pool_indices,
+                                                           seq_lens, forward_mode, spec_info, style)
+                                    for name in functions}
+                        for name in ("patched", "class"):
+                            if not _same(outcomes[name], outcomes["oracle"]):
+                                return "%s differs from the oracle (%s, step %d, bs %d, %s%s): %s; raised %s vs %s" % (
+                                    name, branch, step_id, bs, style, ", SWA page tables" if swa else "",
+                                    ", ".join(_paths(outcomes[name], outcomes["oracle"])[:3]),
+                                    outcomes[name]["raised"], outcomes["oracle"]["raised"])
+    return None
+
+
+# --------------------------------------------------------------------------
+# pr25103: the patched __init__ and helpers, against the mutant with 0.5.13's resolution
+
+ORACLE_RESOLVER = "_UPSTREAM_RESOLVE_SWA_KV_POOL"
+# Upstream's resolution, for the three allocator statements: the pool 0.5.13
+# resolves; the flag is what 0.5.13's helpers ask instead of it (`_swa_kv_pool is None`).
+ORACLE_RESOLUTION = ("self._swa_kv_pool = %s(model_runner)\n"
+                     "self.use_sliding_window_kv_pool = self._swa_kv_pool is not None" % ORACLE_RESOLVER)
+SWA_ATTRIBUTES = ("use_sliding_window_kv_pool", "_swa_kv_pool")
+
+
+def _init_body(tree):
+    cls = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == CLASS_NAME][-1]
+    return [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"][-1].body
+
+
+def allocator_resolution(text):
+    """The unmutated release's own allocator statements: the consecutive
+    statements of ``__init__`` that use the local ``allocator`` or the two
+    attributes (read off the release, not copied from it, nor from the plugin)."""
+    body = _init_body(ast.parse(text))
+    found = [i for i, s in enumerate(body) if any(
+        (isinstance(n, ast.Name) and n.id == "allocator") or (isinstance(n, ast.Attribute) and n.attr in SWA_ATTRIBUTES)
+        for n in ast.walk(s))]
+    assert len(found) == 3 and found == list(range(found[0], found[0] + 3)), found
+    return tuple(ast.unparse(body[i]) for i in found)
+
+
+def _as_0_5_13_runs_it(runner):
+    """The same runner, with the installed enum's member of the algorithm's name
+    (0.5.13 asks ``is_frozen_kv_mtp()``, which releases before 0.5.12 lack)."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    twin = types.SimpleNamespace(**vars(runner))
+    twin.spec_algorithm = SpeculativeAlgorithm[runner.spec_algorithm.name]
+    return twin
+
+
+class PoolRepair:
+    """Compiles a mutated module as ``swa_cases`` does, and its oracle: the same
+    mutant with the release's three allocator statements replaced by upstream's
+    resolution (0.5.13's ``_resolve_swa_kv_pool``, compiled from the 0.5.13 wheel)."""
+
+    def __init__(self, unmutated_text, tmp):
+        self.resolution = allocator_resolution(unmutated_text)
+        self.upstream = swa_cases.upstream(release_selection.release_dir("0.5.13"))
+        self.cases = swa_cases.cases(release_selection.release_dir("0.5.11"))
+        self.tmp = tmp
+
+    def oracle_text(self, text):
+        tree = ast.parse(text)
+        body = _init_body(tree)
+        texts = [ast.unparse(s) for s in body]
+        n = len(self.resolution)
+        starts = [i for i in range(len(texts)) if tuple(texts[i:i + n]) == self.resolution]
+        if len(starts) != 1:
+            return None
+        body[starts[0]:starts[0] + n] = ast.parse(ORACLE_RESOLUTION).body
+        return ast.unparse(ast.fix_missing_locations(tree))
+
+    def check(self, index, text, patched=True):
+        oracle_text = self.oracle_text(text)
+        if oracle_text is None:
+            return "no oracle: upstream's change does not apply (the allocator statements are not there once, in order)"
+        try:
+            oracle_module = swa_cases.load_backend_module(_write(self.tmp / ("oracle%d" % index), oracle_text).parents[4])
+            module = swa_cases.load_backend_module(_write(self.tmp / ("pool%d" % index), text).parents[4])
+        except Exception as error:
+            return "the mutated module does not load (%s)" % _error(error)
+        upstream = self.upstream
+        oracle_module.__dict__[ORACLE_RESOLVER] = lambda runner: upstream._resolve_swa_kv_pool(_as_0_5_13_runs_it(runner))
+        cls, oracle_cls = module.TRTLLMHAAttnBackend, oracle_module.TRTLLMHAAttnBackend
+        if patched:
+            outcome = engine.handle(pr25103.HOTFIX, module)
+            if outcome != "patched":
+                patch.remove_all()
+                return "the engine did not patch it (%s)" % outcome
+        try:
+            built = {name: _construct(cls, runner) for name, (world, runner) in self.cases.items()}
+        finally:
+            patch.remove_all()
+        for name, (world, runner) in self.cases.items():
+            got, want = built[name], _construct(oracle_cls, runner)
+            problem = _pool_difference(got, want, cls, oracle_cls, world, runner)
+            if problem:
+                return "case %s: %s" % (name, problem)
+        return None
+
+
+def _construct(cls, runner):
+    try:
+        return cls(runner), None
+    except Exception as error:
+        return None, _error(error)
+
+
+def _attempt(function, *args):
+    try:
+        return function(*args), None
+    except Exception as error:
+        return None, _error(error)
+
+
+def _pool_difference(got, want, cls, oracle_cls, world, runner):
+    (backend, raised), (oracle, oracle_raised) = got, want
+    if raised != oracle_raised:
+        return "construction raised %s vs %s" % (raised, oracle_raised)
+    if backend is None:
+        return None
+    state, oracle_state = vars(backend), vars(oracle)
+    if getattr(backend, "_swa_kv_pool", None) is not getattr(oracle, "_swa_kv_pool", None):
+        return "_swa_kv_pool %r vs %r" % (getattr(backend, "_swa_kv_pool", None), getattr(oracle, "_swa_kv_pool", None))
+    if getattr(backend, "use_sliding_window_kv_pool", None) is not getattr(oracle, "use_sliding_window_kv_pool", None):
+        return "use_sliding_window_kv_pool %r vs %r" % (
+            getattr(backend, "use_sliding_window_kv_pool", None), getattr(oracle, "use_sliding_window_kv_pool", None))
+    differing = sorted(k for k in set(state) | set(oracle_state)
+                       if k not in state or k not in oracle_state or not _same(state[k], oracle_state[k]))
+    if differing:
+        return "attributes differ: %s" % ", ".join(differing)
+    if hasattr(cls, "_alloc_swa_page_table") or hasattr(oracle_cls, "_alloc_swa_page_table"):
+        tables = [_attempt(c._alloc_swa_page_table, b, 2, 3) for c, b in ((cls, backend), (oracle_cls, oracle))]
+        if tables[0][1] != tables[1][1] or not _same(tables[0][0], tables[1][0]):
+            return "_alloc_swa_page_table gives %r vs %r" % (tables[0], tables[1])
+    reads = [_attempt(swa_cases.reads, b, c, world, runner) for c, b in ((cls, backend), (oracle_cls, oracle))]
+    if reads[0][1] != reads[1][1]:
+        return "reads raised %s vs %s" % (reads[0][1], reads[1][1])
+    if reads[0][1] is None and not _same(reads[0][0], reads[1][0]):
+        layers = [l for l in reads[1][0] if not _same(reads[0][0].get(l), reads[1][0][l])]
+        return "reads differ at layers %s" % layers
+    return None
+
+
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def release_source(installed_backend_path, installed_backend_source):
+    def get(release):
+        if release == INSTALLED:
+            return installed_backend_source, installed_backend_path.parents[4]
+        root = release_selection.release_dir(release)
+        return (root / isolated_release.BACKEND).read_text(encoding="utf-8"), root
+    return get
+
+
+@pytest.mark.parametrize("name, release", PARAMS, ids=["%s-%s" % p for p in PARAMS])
+def test_every_mutant_is_refused_or_repaired_exactly(name, release, release_source, tmp_path, monkeypatch, no_switches):
+    spec = RECORDS[name]
+    record = spec["record"]
+    text, root = release_source(release)
+    label = "%s %s" % (name, release if release != INSTALLED else "installed SGLang %s" % importlib.metadata.version("sglang"))
+    started = time.perf_counter()
+
+    assert record.classify(ast.parse(text)).verdict is Verdict.AFFECTED, label
+    repair = CaptureRepair(root, tmp_path, monkeypatch) if name == "pr26521" else PoolRepair(text, tmp_path)
+    # The differential can fail: unpatched, the unmutated code is not upstream's.
+    assert repair.check(0, text, patched=False) is not None, "%s: the differential does not tell the bug from the fix" % label
+    assert repair.check(0, text) is None, "%s: the unmutated source is not repaired exactly" % label
+
+    generated = list(mutants.generate(text, CLASS_NAME, spec["methods"], spec["writes"]))
+    verdicts = collections.Counter()
+    repaired = 0
+    violations = []
+    for index, mutant in enumerate(generated, 1):
+        classification = record.classify(ast.parse(mutant.text))
+        verdict = classification.verdict
+        verdicts[verdict.value] += 1
+        if verdict is Verdict.UNKNOWN:
+            continue
+        if verdict is not Verdict.AFFECTED:
+            violations.append("%s\n      wrongly %s: %s" % (mutant.describe(), verdict.value, classification.reason))
+            continue
+        problem = repair.check(index, mutant.text)
+        if problem is None:
+            repaired += 1
+        else:
+            violations.append("%s\n      wrongly affected: %s" % (mutant.describe(), problem))
+
+    summary = "%s: %d mutants: %s; %d affected ones repaired exactly; %d violations; %.1f s" % (
+        label, len(generated), ", ".join("%s %d" % (v.value, verdicts[v.value]) for v in Verdict), repaired,
+        len(violations), time.perf_counter() - started)
+    print(summary)
+    assert len(generated) >= FLOORS[(name, release)], summary
+    assert not violations, "%s\nmutants neither refused nor repaired exactly:\n  %s" % (summary, "\n  ".join(violations))
