@@ -232,12 +232,18 @@ def startup_line():
     ``FINDER_MARK`` as attributes and goes first on ``sys.meta_path``. The one
     name the line binds is its own: site runs the line in the frame of its
     ``addpackage``."""
-    watched = " and ".join("n!=%r" % name for name in sorted(WATCHED_MODULES))
-    finder = "lambda n,p=None,t=None,g={}:None if %s else exec(G,g,{'args':(n,p,t)})or g.pop('spec',None)" % watched
+    # The finder protocol's parameter names and defaults, so that a caller passing them by keyword is served.
+    watched = " and ".join("fullname!=%r" % name for name in sorted(WATCHED_MODULES))
+    finder = ("lambda fullname,path=None,target=None,g={}:None if %s else exec(G,g,{'args':(fullname,path,target)})"
+              "or g.pop('spec',None)" % watched)
     name = FINDER_MARK
     arm = "%s=eval(%r,{'G':%r});%s.find_spec=%s;%s.%s=True;sys.meta_path.insert(0,%s)" % (
         name, finder, _LOOKUP, name, name, name, FINDER_MARK, name)
-    return "import sys;any(getattr(f,%r,0)is True for f in sys.meta_path)or exec(%r)" % (FINDER_MARK, arm)
+    # Only functions are asked for the mark (every copy of the finder is one): a function's unknown
+    # attribute raises AttributeError, which getattr's default absorbs, where another .pth's finder
+    # object may raise anything from its __getattr__.
+    return "import sys;any(type(f).__name__=='function'and getattr(f,%r,0)is True for f in sys.meta_path)or exec(%r)" % (
+        FINDER_MARK, arm)
 
 
 if __name__ == "__main__":

@@ -113,6 +113,10 @@ DRAFT_DECODE_PATH = frozenset((
     "self.decode_cuda_graph_metadata[bs] = metadata",
     "self.forward_metadata = metadata",
 ))
+# What the path runs before the binding, in this order, in every affected
+# release: nothing that can stop the method or read the buffer, so writing it
+# before the method starts equals writing it right after the binding.
+BEFORE_BINDING = ("metadata = TRTLLMMHAMetadata()", "device = seq_lens.device")
 # Methods of the class the path calls, by the fingerprint of the code they
 # must have: `_bind_swa_page_table` (0.5.9 to 0.5.12.post1) receives the
 # buffer dict and only reads another key of it.
@@ -195,6 +199,10 @@ def classify(tree):
         return unknown("the draft-decode path binds metadata.%s = self.%s[%r][:bs] %d times (expected once)"
                        % (METADATA_FIELD, BUFFER_DICT, BUFFER_KEY, texts.count(BINDING)))
     binding = texts.index(BINDING)
+    if tuple(texts[:binding]) != BEFORE_BINDING:
+        return unknown("the draft-decode path does not reach the binding through exactly `%s` (the wrapper's write "
+                       "comes before the method starts, upstream's after the binding: nothing between may differ)"
+                       % "; ".join(BEFORE_BINDING))
     upstream = binding + 1 < len(texts) and texts[binding + 1] == UPSTREAM_STATEMENT
     others = [(s, t) for i, (s, t) in enumerate(zip(path, texts)) if not (upstream and i == binding + 1)]
     strangers = [(s, t) for s, t in others if t not in DRAFT_DECODE_PATH]

@@ -240,6 +240,9 @@ def _start(python, stderr_mode, tmp_path, env=None, code="print('alive')"):
         completed = subprocess.run(["bash", "-c", 'exec 2>&-; exec "$0" -c "$1"', python, code], capture_output=False,
                                    stdout=subprocess.PIPE, text=True, env=env, cwd=tmp_path, timeout=60)
         return completed.returncode, completed.stdout, None
+    if stderr_mode == "broken_pipe_buffered":  # Python's default buffering of a piped stderr
+        env = {k: v for k, v in env.items() if k != "PYTHONUNBUFFERED"}
+        stderr_mode = "broken_pipe"
     if stderr_mode == "broken_pipe":
         read, write = os.pipe()
         os.close(read)
@@ -268,7 +271,7 @@ def _watched_stand_in(tmp_path):
     return str(folder)
 
 
-@pytest.mark.parametrize("stderr_mode", ["open", "closed", "broken_pipe"])
+@pytest.mark.parametrize("stderr_mode", ["open", "closed", "broken_pipe", "broken_pipe_buffered"])
 def test_a_stale_startup_file_never_stops_python_or_writes_to_stdout(stale_pth_python, tmp_path, stderr_mode):
     """Promise 4: package removed, .pth left behind: Python starts silently, and
     the watched import goes on with at most one line on stderr; stdout holds only
@@ -443,3 +446,121 @@ def test_status_json_with_stderr_closed_is_only_json(tmp_path, case, installed_b
                          text=True, env=env, cwd=tmp_path, timeout=60)
     report = json.loads(ran.stdout)  # raises if anything else is there
     assert ran.returncode == (0 if case == "garbage_switches" else 2), report
+
+
+# --- Round 2 -------------------------------------------------------------------
+# Cases of the second Trust round, each seen failing on 0.3.0 (the composition
+# and never-raise classes: test_faults_composition.py; allow-list routes:
+# test_faults_routes.py).
+
+def test_a_hotfix_line_into_a_broken_pipe_never_changes_pythons_exit_status(tmp_path):
+    """Class 5: the hotfix's own warning (here: the watched name holds a stand-in, which is not
+    SGLang's code) written to a piped stderr whose reader is gone, default buffering: exit 0, not 120."""
+    env = clean_env(PYTHONPATH=_watched_stand_in(tmp_path))
+    code, stdout, stderr = _start(sys.executable, "open", tmp_path, env=env, code=WATCHED_IMPORT)
+    assert code == 0 and "code not recognised" in stderr  # the line is written when it can be
+    code, stdout, _ = _start(sys.executable, "broken_pipe_buffered", tmp_path, env=env, code=WATCHED_IMPORT)
+    assert (code, stdout) == (0, "imported\n")
+
+
+def test_the_startup_finder_speaks_the_finder_protocol_by_keyword(tmp_path):
+    """Class 6: find_spec(fullname, path=None, target=None), positionally or by keyword."""
+    code = ("import sys, json; f = sys.meta_path[0]; w = 'sglang.srt.layers.attention.trtllm_mha_backend';"
+            "calls = [f.find_spec('json', path=None), f.find_spec(fullname='json', path=None, target=None),"
+            " f.find_spec('json', None, None), f.find_spec(fullname=w, path=__import__(w[:w.rindex('.')], "
+            "fromlist=['x']).__path__)];"
+            "print('RESULT:' + json.dumps([c is None for c in calls] + [type(calls[3].loader).__name__]))")
+    ran = run_python(["-c", code], cwd=tmp_path, env=clean_env(PYTHONPATH=_watched_stand_in(tmp_path)))
+    assert ran.returncode == 0, ran
+    assert ran.result == [True, True, True, False, "PatchAfterExecLoader"]
+
+
+APPLY_DURING_IMPORT = "import sglang_hotfix_trtllm\nARMED = sglang_hotfix_trtllm.apply()\n"
+
+
+@pytest.mark.parametrize("armed_at_start", [True, False], ids=["pth_armed", "python_dash_S"])
+def test_apply_while_the_backend_is_still_executing_waits_for_its_import(tmp_path, sglang_copy, installed_backend_source,
+                                                                        venv_site_packages, armed_at_start):
+    """Class 4: a module the backend imports calls apply(). The half-executed module is not
+    judged (0.3.0: two false "could not patch" warnings; in strict mode the import stopped):
+    once its import completes, both records are applied, once, without a warning."""
+    future = "from __future__ import annotations\n"
+    assert installed_backend_source.count(future) == 1
+    root = sglang_copy(installed_backend_source.replace(future, future + "import apply_during_import\n"))
+    helper = tmp_path / "helper"
+    helper.mkdir()
+    (helper / "apply_during_import.py").write_text(APPLY_DURING_IMPORT)
+    (helper / "imported_next.py").write_text("")  # what the host imports next (SGLang imports on)
+    check = ("import json, sys; import sglang.srt.layers.attention.trtllm_mha_backend as b; import imported_next;"
+             "d = b.TRTLLMHAAttnBackend.__dict__;"
+             "print('RESULT:' + json.dumps([type(d[m]).__name__ for m in "
+             "('init_forward_metadata_capture_cuda_graph', '__init__')]))")
+    if armed_at_start:
+        ran = run_python(["-c", check], cwd=tmp_path, env=clean_env(
+            PYTHONPATH=os.pathsep.join((str(helper), str(root))), SGLANG_HOTFIX_TRTLLM_STRICT="1"))
+    else:  # no .pth read: apply() arms the hook from inside the import
+        prefix = "import sys; sys.path[1:1] = [%r, %r, %r]; " % (str(helper), str(root), venv_site_packages)
+        ran = run_python(["-S", "-c", prefix + check], cwd=tmp_path, env=clean_env(SGLANG_HOTFIX_TRTLLM_STRICT="1"))
+    assert ran.returncode == 0, ran
+    assert ran.result == ["HotfixWrapper", "HotfixWrapper"]
+    lines = ran.hotfix_lines(record=None)
+    assert [l for l in lines if "WARNING" in l] == [], lines
+    assert sum("INFO: patched" in l for l in lines) == 2, lines
+
+
+def _pr25103_unknown(text):
+    """0.5.12's file with a reader pr25103 does not know (pr26521 stays affected)."""
+    old = "    def _bind_swa_page_table(\n"
+    assert text.count(old) == 1
+    return text.replace(old, "    def _peek(self):\n        return self._swa_kv_pool\n\n" + old)
+
+
+def test_a_disabled_record_with_unknown_code_is_off_in_status_and_in_the_process(tmp_path, sglang_copy,
+                                                                                 installed_backend_source):
+    """Class 7: the switch is read before any verdict is acted on: the process stands aside
+    silently, and status says the record is off (exit 1, not the unknown-code error 2)."""
+    root = sglang_copy(_pr25103_unknown(installed_backend_source))
+    env = clean_env(PYTHONPATH=str(root), SGLANG_HOTFIX_TRTLLM_DISABLE="pr25103")
+    report, code, stderr = status_json(env, tmp_path)
+    pr25103_report = report["hotfixes"][1]
+    assert pr25103_report["verdict"] == "unknown" and pr25103_report["would_patch"] is False
+    assert "names pr25103" in pr25103_report["would_patch_reason"] and code == 1, (report, stderr)
+    ran = fault("describe_or_error", env=env, cwd=tmp_path)
+    assert ran.result["attribute_type"] == PATCHED  # pr26521, still on
+    assert ran.hotfix_lines(record="pr25103") == [l for l in ran.hotfix_lines(record="pr25103") if "init_forward" in l]
+
+
+def test_a_namespace_package_at_the_backends_name_is_not_applicable_in_status_and_in_the_process(tmp_path, sglang_copy):
+    """Class 7: a folder without __init__.py at the module's name holds no code of SGLang's:
+    both records are not-applicable (exit 0), and importing it (apply() included) says nothing."""
+    root = sglang_copy("")
+    backend = root / "sglang" / TARGET_RELATIVE
+    backend.unlink()
+    backend.with_suffix("").mkdir()
+    env = clean_env(PYTHONPATH=str(root))
+    report, code, stderr = status_json(env, tmp_path)
+    assert [r["verdict"] for r in report["hotfixes"]] == ["not-applicable", "not-applicable"] and code == 0, report
+    assert "namespace package" in report["reason"]
+    ran = run_python(["-c", "import sglang.srt.layers.attention.trtllm_mha_backend as b, sglang_hotfix_trtllm as h;"
+                            "h.apply(); print('RESULT:' + str(b.__file__ is None).lower())"], cwd=tmp_path, env=env)
+    assert ran.returncode == 0 and ran.result is True, ran
+    assert ran.hotfix_lines(record=None) == []
+
+
+def test_a_finder_whose_unknown_attributes_raise_does_not_stop_the_startup_line(tmp_path, venv_site_packages):
+    """Decided in round 2: another .pth's finder that raises from __getattr__ (0.3.0: the line
+    failed, site printed a traceback, the hook stayed unarmed). The line is run as site runs it."""
+    code = ("import sys, json\n"
+            "class Hostile:\n"
+            "    def find_spec(self, fullname, path=None, target=None):\n"
+            "        return None\n"
+            "    def __getattr__(self, name):\n"
+            "        raise RuntimeError('hostile finder: ' + name)\n"
+            "sys.meta_path.insert(0, Hostile())\n"
+            "exec(open(%r).read(), {})\n"
+            "print('RESULT:' + json.dumps([getattr(f, 'sglang_hotfix_trtllm_finder', None) is True "
+            "for f in sys.meta_path if type(f).__name__ == 'function']))\n"
+            % os.path.join(venv_site_packages, "sglang_hotfix_trtllm.pth"))
+    ran = run_python(["-S", "-c", code], cwd=tmp_path)
+    assert ran.returncode == 0, ran
+    assert ran.result == [True]

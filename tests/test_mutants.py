@@ -41,7 +41,6 @@ Releases: the installed SGLang (0.5.12) always; the other code variants
 import ast
 import collections
 import importlib.metadata
-import os
 import time
 import types
 
