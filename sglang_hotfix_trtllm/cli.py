@@ -78,7 +78,7 @@ def _silence_stdout():
 
 
 def _human(report, state):
-    lines = [state.headline(report), ""] if "would_patch" in report else []
+    lines = [state.headline(report)] if "would_patch" in report else []
     width = max(len(key) for key in report)
     lines += ["%-*s  %s" % (width, key, state.readable(value)) for key, value in report.items() if key != "format_version"]
     return "\n".join(lines) + "\n"
@@ -103,9 +103,9 @@ def status(arguments):
     if arguments.json:
         # The first record's report at the top level (the shape of format 1), and every
         # record's report under "hotfixes", so that the shape does not change with their number.
-        document = dict(reports[0], hotfixes=reports)
+        document = dict(reports[0], hotfixes=reports, headline=state.overall_headline(reports, worst))
         return _write_result(json.dumps(document, indent=2, sort_keys=True) + "\n", worst)
-    return _write_result("\n".join(texts), worst)
+    return _write_result(state.overall_headline(reports, worst) + "\n\n" + "\n".join(texts), worst)
 
 
 def _status_of_source(arguments, state):

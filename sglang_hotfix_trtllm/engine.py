@@ -51,7 +51,7 @@ def decide(hotfix, assessment, current):
     it) and by ``status`` (which predicts it). Imports wrapt when the verdict is
     affected and nothing else stands in the way."""
     if current.disables(hotfix.name):
-        return Decision("disabled", "%s %s" % (switches.DISABLE, "is on" if current.disabled else "names " + hotfix.name))
+        return Decision("disabled", current.why_disabled(hotfix.name))
     if current.excluded_by_sglang_plugins:
         return Decision("excluded", "%s is set and does not name %s" % (switches.SGLANG_PLUGINS, switches.PLUGIN_NAME))
     if assessment.verdict is Verdict.FIXED:

@@ -49,22 +49,33 @@ def sglang_has_plugin_framework(hotfix, assessment):
     return os.path.isfile(os.path.join(root, "sglang", "srt", "plugins", "__init__.py"))
 
 
+# Which Python processes a loader covers (``covered_processes`` in the JSON report).
+EVERY_PROCESS, UNDER_RUN, SGLANG_LOADER_ONLY, NONE = "every-process", "under-run", "sglang-plugin-loader-only", "none"
+COVERAGE_WORDS = {
+    EVERY_PROCESS: "every new Python process of this environment is patched (the startup file arms the hook)",
+    UNDER_RUN: "this process's Python children are patched (it runs under `sglang-hotfix-trtllm run`)",
+    SGLANG_LOADER_ONLY: ("only processes started through SGLang's plugin loader are patched (launch_server, `sglang "
+                         "serve`, Engine and scheduler processes); any other Python process here, a plain "
+                         "`python -c 'import sglang...'` say, stays unpatched: start it with "
+                         "`sglang-hotfix-trtllm run -- COMMAND` to cover it"),
+}
+
+
 def would_patch(decision, startup_active, under_launcher, entry_point, framework):
-    """(bool, reason) for a Python process started now in this environment:
-    the import hook's own decision (``engine.decide``), then whether anything
-    will arm the hook in that process."""
+    """(bool, reason, coverage) for a Python process started now in this
+    environment: the import hook's own decision (``engine.decide``), then which
+    processes a loader arms the hook in (one of the coverage words above)."""
     if decision.action != "patch":
-        return False, decision.why
+        return False, decision.why, NONE
     if startup_active:
-        return True, "the startup file arms the hook in every Python process of this environment"
+        return True, COVERAGE_WORDS[EVERY_PROCESS], EVERY_PROCESS
     if under_launcher:
-        return True, "this process runs under `sglang-hotfix-trtllm run`: its bootstrap arms the hook"
+        return True, COVERAGE_WORDS[UNDER_RUN], UNDER_RUN
     if entry_point and framework:
-        return True, ("the startup file is not active, but SGLang's plugin loader calls the entry point "
-                      "(launch_server, Engine and scheduler processes only)")
+        return True, "the startup file is not active: " + COVERAGE_WORDS[SGLANG_LOADER_ONLY], SGLANG_LOADER_ONLY
     return False, ("no loader is active: %s is not in a site-packages directory and SGLang has no plugin "
                    "framework; reinstall into site-packages, or start SGLang with `sglang-hotfix-trtllm run -- ...`"
-                   % STARTUP_FILE)
+                   % STARTUP_FILE), NONE
 
 
 def exit_status(assessment, decision, patched):
@@ -89,7 +100,7 @@ def of_environment(hotfix):
     under_launcher = launcher_active()
     entry_point = entry_point_installed()
     framework = sglang_has_plugin_framework(hotfix, assessment)
-    patched, why = would_patch(decision, active, under_launcher, entry_point, framework)
+    patched, why, coverage = would_patch(decision, active, under_launcher, entry_point, framework)
     report = assessment.as_dict()
     report.update(
         {
@@ -106,7 +117,9 @@ def of_environment(hotfix):
             "switches": current.as_dict(),
             "switch_problems": list(current.problems),
             "would_patch": patched,
+            "decision": decision.action,
             "would_patch_reason": why,
+            "covered_processes": coverage,
         }
     )
     return report, assessment, exit_status(assessment, decision, patched)
@@ -158,23 +171,47 @@ def of_tree(hotfix, root):
 
 
 def headline(report):
-    """One line a person can act on, opening the human output (one per record)."""
+    """The line that opens a record's block: what this record means here."""
     verdict = report["verdict"]
     version = report.get("sglang_version") or "(version unknown)"
     record = report["hotfix"]
     if verdict == "affected" and report.get("would_patch"):
-        return "PROTECTED: SGLang %s has the bug of record %s and new Python processes here will be patched (%s)" % (
-            version, record, report["would_patch_reason"])
+        return "record %s: SGLang %s has its bug, and it will be patched: %s" % (record, version, report["would_patch_reason"])
     if verdict == "affected":
-        return "NOT PROTECTED: SGLang %s has the bug of record %s, but a new process would run it unpatched: %s" % (
-            version, record, report["would_patch_reason"])
+        return "record %s: SGLang %s has its bug, but a new process would run it unpatched: %s" % (
+            record, version, report["would_patch_reason"])
     if verdict == "fixed":
-        return "NOTHING TO DO: SGLang %s already has the fix of record %s; this package can be removed once every " \
-               "record says so (%s)" % (version, record, engine.UNINSTALL_HINT)
+        return "record %s: SGLang %s already has its fix" % (record, version)
     if verdict == "not-applicable":
-        return "NOTHING TO DO for record %s: %s" % (record, report["reason"])
-    return "NOT PROTECTED from record %s's bug: the installed code is not recognised, so it is left unpatched: %s" % (
-        record, report["reason"])
+        return "record %s: nothing to do: %s" % (record, report["reason"])
+    return "record %s: the installed code is not recognised, so it is left unpatched: %s" % (record, report["reason"])
+
+
+def overall_headline(reports, code):
+    """The one first line of ``status``: a verdict across every record, whose
+    first word matches the exit status ``code`` (0 PROTECTED or NOTHING TO DO,
+    1 NOT PROTECTED, 2 CANNOT PATCH). The Docker recipe reads this line."""
+    version = next((r.get("sglang_version") for r in reports if r.get("sglang_version")), None) or "(version unknown)"
+    affected = [r for r in reports if r["verdict"] == "affected"]
+    names = lambda rs: ", ".join(r["hotfix"] for r in rs)  # noqa: E731
+    if code == EXIT_ERROR:
+        failing = [r for r in reports if r["decision"] == "refuse"]
+        return "CANNOT PATCH: record %s: %s" % (names(failing), "; ".join(
+            "%s: %s" % (r["hotfix"], r["would_patch_reason"]) for r in failing))
+    if code == EXIT_UNPROTECTED:
+        open_ = [r for r in reports if r["verdict"] in ("affected", "unknown") and not r["would_patch"]]
+        return "NOT PROTECTED: SGLang %s: record %s would run unpatched in a new process: %s" % (
+            version, names(open_), "; ".join("%s: %s" % (r["hotfix"], r["would_patch_reason"]) for r in open_))
+    if affected:
+        coverage = {r.get("covered_processes") for r in affected}
+        words = COVERAGE_WORDS.get(coverage.pop()) if len(coverage) == 1 else None
+        return "PROTECTED: SGLang %s has the bugs of record %s; %s" % (
+            version, names(affected), words or "; ".join(r["would_patch_reason"] for r in affected))
+    if all(r["verdict"] == "fixed" for r in reports):
+        return "NOTHING TO DO: SGLang %s already has every fix this package carries; it can be removed (%s)" % (
+            version, engine.UNINSTALL_HINT)
+    return "NOTHING TO DO: %s" % "; ".join("record %s: %s" % (r["hotfix"], r["reason"] if r["verdict"] != "fixed"
+                                                             else "already fixed") for r in reports)
 
 
 def readable(value):

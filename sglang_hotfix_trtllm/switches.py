@@ -5,7 +5,8 @@ executes anything a variable names. The variables:
 
 * ``SGLANG_HOTFIX_TRTLLM_DISABLE``: on = do nothing at all; or a
   comma-separated list of record names (``pr26521``, ``pr25103``) = leave
-  those records' targets alone and apply the others.
+  those records' targets alone and apply the others. Any other value that is
+  set is read as "everything off", with a warning (the kill switch fails safe).
 * ``SGLANG_HOTFIX_TRTLLM_STRICT``: on = when the target module is imported and
   the hotfix cannot be applied (verdict ``unknown``, or wrapping fails), stop
   the process with an error instead of running unprotected.
@@ -14,7 +15,8 @@ executes anything a variable names. The variables:
   the hotfix stands aside, as SGLang would for its entry point.
 
 A value outside the vocabulary yields a warning naming the variable and the
-accepted values, and is read as "off".
+accepted values; it is read as "off" for ``STRICT`` and as "everything off" for
+``DISABLE``.
 """
 
 import os
@@ -35,8 +37,14 @@ class Switches(Value):
     allowlist), else the names it lists; ``problems`` has one message per
     variable whose value was not understood."""
 
-    __slots__ = ("disabled", "strict", "plugin_allowlist", "problems", "disabled_records")
-    _defaults = {"disabled_records": frozenset()}
+    __slots__ = ("disabled", "strict", "plugin_allowlist", "problems", "disabled_records", "disabled_why")
+    _defaults = {"disabled_records": frozenset(), "disabled_why": ""}
+
+    def why_disabled(self, hotfix_name):
+        """Why the switch turns this record off, in words (for ``decide``)."""
+        if self.disabled:
+            return self.disabled_why or "%s is on" % DISABLE
+        return "%s names %s" % (DISABLE, hotfix_name)
 
     def disables(self, hotfix_name):
         """True when the switch turns off everything or names this record."""
@@ -72,24 +80,29 @@ def _flag(environ, variable, problems):
 
 
 def _disable(environ, problems):
-    """(everything off, the records named off) from the disable switch."""
+    """(everything off, the records named off) from the disable switch.
+
+    Fails safe: a value that is set but not fully understood (a record name
+    this package does not carry, a list mixing ``1`` with names) turns every
+    record off, with one warning naming what was not understood. An operator
+    who reached for the kill switch wanted something off."""
     from . import catalog  # here, not at the top: catalog imports the records, which need none of this
 
     raw = environ.get(DISABLE)
     value = "" if raw is None else raw.strip().lower()
     if value in TRUE_VALUES or value in FALSE_VALUES:
-        return value in TRUE_VALUES, frozenset()
+        return value in TRUE_VALUES, frozenset(), ""
     known = [hotfix.name for hotfix in catalog.HOTFIXES]
     names = [name.strip() for name in value.split(",") if name.strip()]
     unknown = [name for name in names if name not in known]
     if unknown:
         problems.append(
-            "%s=%r is not understood (no record named %s); accepted values are %s (all records off), %s (all on) "
-            "or a comma-separated list of the records to turn off (%s), case-insensitive; reading it as off" % (
-                DISABLE, raw, ", ".join(unknown), "/".join(TRUE_VALUES), "/".join(v for v in FALSE_VALUES if v),
-                ", ".join(known)))
-        return False, frozenset()
-    return False, frozenset(names)
+            "%s=%r is not understood (%s); accepted values are %s (all records off), %s (all on) or a "
+            "comma-separated list of the records to turn off (%s), case-insensitive; turning every record off "
+            "to be safe" % (DISABLE, raw, ", ".join("%r is no record" % name for name in unknown),
+                            "/".join(TRUE_VALUES), "/".join(v for v in FALSE_VALUES if v), ", ".join(known)))
+        return True, frozenset(), "%s=%r is not understood: every record is off, to be safe" % (DISABLE, raw)
+    return False, frozenset(names), ""
 
 
 def _allowlist(environ, problems):
@@ -110,7 +123,7 @@ def _allowlist(environ, problems):
 def read(environ=None):
     environ = os.environ if environ is None else environ
     problems = []
-    disabled, disabled_records = _disable(environ, problems)
+    disabled, disabled_records, disabled_why = _disable(environ, problems)
     strict = _flag(environ, STRICT, problems)
     allowlist = _allowlist(environ, problems)
-    return Switches(disabled, strict, allowlist, tuple(problems), disabled_records)
+    return Switches(disabled, strict, allowlist, tuple(problems), disabled_records, disabled_why)

@@ -173,3 +173,74 @@ def test_run_never_shadows_the_images_wrapt(tmp_path, bare_python, plugin_wheel,
     assert under_run.result["wrapt_file"].startswith(venv_site_packages), under_run.result
     assert under_run.result["wrapt_version"] != "1.17.2"
     assert under_run.result["attribute_type"] == "HotfixWrapper"
+
+
+# --- round 2: the kill switch fails safe; one headline; which processes are covered ---
+
+def _status(value):
+    ran = cli("status", "--json", env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE=value))
+    document = json.loads(ran.stdout)
+    return ran.returncode, {r["hotfix"]: r["decision"] for r in document["hotfixes"]}, document["headline"], ran
+
+
+# value -> (records off, understood)
+KILL_SWITCH_SHAPES = {
+    "": ((), True), "0": ((), True), "false": ((), True), "1": (("pr26521", "pr25103"), True),
+    "pr25103": (("pr25103",), True), " PR25103 , ": (("pr25103",), True), "pr25103,pr26521": (("pr26521", "pr25103"), True),
+    "1,pr25103": (("pr26521", "pr25103"), False), "pr25103,garbage": (("pr26521", "pr25103"), False),
+    "pr2510": (("pr26521", "pr25103"), False), "yes please": (("pr26521", "pr25103"), False),
+}
+
+
+@pytest.mark.parametrize("value", list(KILL_SWITCH_SHAPES), ids=repr)
+def test_the_kill_switch_turns_off_what_it_names_and_everything_when_not_understood(value):
+    """A value that is set but not fully understood turns every record off, with one
+    warning naming what was not understood; status's first word matches its exit status."""
+    off, understood = KILL_SWITCH_SHAPES[value]
+    code, decisions, headline, ran = _status(value)
+    assert {name for name, action in decisions.items() if action == "disabled"} == set(off)
+    assert code == (1 if off else 0)
+    assert headline.startswith("NOT PROTECTED: " if off else "PROTECTED: ")
+    problems = json.loads(ran.stdout)["switch_problems"]
+    assert (problems == []) == understood
+    if not understood:
+        assert "not understood" in problems[0] and "turning every record off" in problems[0]
+
+
+def test_a_process_agrees_with_status_on_a_kill_switch_it_does_not_understand(scenario):
+    """The process, as status predicted: both records off, one warning naming the value."""
+    ran = scenario("describe", env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE="pr25103,garbage"))
+    assert ran.returncode == 0, ran
+    assert ran.result["attribute_type"] == "function"
+    lines = ran.hotfix_lines(record=None)
+    assert len(lines) == 1 and "WARNING" in lines[0] and "'garbage' is no record" in lines[0], lines
+
+
+@pytest.mark.parametrize("value, word, code", [("", "PROTECTED: ", 0), ("pr25103", "NOT PROTECTED: ", 1),
+                                              ("1", "NOT PROTECTED: ", 1)])
+def test_the_first_line_is_one_verdict_across_records_matching_the_exit_status(value, word, code):
+    ran = cli("status", env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE=value))
+    first = ran.stdout.splitlines()[0]
+    assert ran.returncode == code and first.startswith(word), first
+    # Each record's block follows, opened by a line naming the record.
+    assert [l.split(":")[0] for l in ran.stdout.splitlines() if l.startswith("record ")] == ["record pr26521",
+                                                                                              "record pr25103"]
+
+
+def test_with_only_the_plugin_loader_the_headline_says_which_processes_are_covered(tmp_path, bare_python, target_install,
+                                                                                   venv_site_packages):
+    """A --target install on PYTHONPATH (no .pth is read there, SGLang importable): only
+    SGLang's plugin loader patches. The headline says so and names `run` for the rest."""
+    env = clean_env(PYTHONPATH=os.pathsep.join((str(target_install), venv_site_packages)))
+    ran = subprocess.run([bare_python, "-m", "sglang_hotfix_trtllm", "status", "--json"], capture_output=True,
+                         text=True, cwd=tmp_path, timeout=120, env=env)
+    document = json.loads(ran.stdout)
+    assert ran.returncode == 0 and {r["covered_processes"] for r in document["hotfixes"]} == {"sglang-plugin-loader-only"}
+    assert "only processes started through SGLang's plugin loader" in document["headline"]
+    assert "sglang-hotfix-trtllm run -- COMMAND" in document["headline"]
+    # And it is true: a plain import there stays unpatched.
+    code = ("import sglang.srt.layers.attention.trtllm_mha_backend as b;"
+            "print('RESULT:' + __import__('json').dumps(type(b.TRTLLMHAAttnBackend.__dict__['__init__']).__name__))")
+    plain = Ran(subprocess.run([bare_python, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                               env=env))
+    assert plain.result == "function", plain
