@@ -144,6 +144,10 @@ def handle(hotfix, module):
             hotfix.target, _version_text(hotfix, path), assessment.fingerprint, hotfix.effect, hotfix.upstream,
             once_key=("patched", hotfix.name),
         )
+        from . import metrics
+
+        metrics.report_applied(hotfix, source.distribution(hotfix.distribution, path, hotfix.module).version,
+                               assessment.fingerprint)
         return "patched"
     return outcome
 

@@ -1,0 +1,52 @@
+"""A running server reports itself: one Prometheus gauge sample per applied record.
+
+SGLang started with ``--enable-metrics`` sets ``PROMETHEUS_MULTIPROC_DIR`` (in
+the server process, before it spawns its schedulers) and serves ``/metrics``
+from every process's files in that folder through prometheus_client's
+``MultiProcessCollector``. When that variable is set and ``prometheus_client``
+imports, each process that applies a record sets the sample
+
+    sglang_hotfix_trtllm_applied{record="pr26521",sglang_version="0.5.12",fingerprint="ast1:..."} 1.0
+
+(multiprocess mode ``max``: one sample per record across the server's
+processes), so ``/metrics`` of every server in a fleet says which records it
+runs with. When the variable is unset, nothing is imported and nothing is
+written. Never raises into the host: a metrics failure costs one DEBUG line.
+"""
+
+import logging
+import os
+
+from .logs import say
+
+MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"
+GAUGE_NAME = "sglang_hotfix_trtllm_applied"
+LABELS = ("record", "sglang_version", "fingerprint")
+
+_gauge = None
+
+
+def report_applied(hotfix, sglang_version, fingerprint):
+    """Set this record's sample to 1 in this process; True when written."""
+    global _gauge
+    if not os.environ.get(MULTIPROC_DIR):
+        return False
+    try:
+        import prometheus_client
+        from prometheus_client import values
+
+        if not getattr(values.ValueClass, "_multiprocess", False):
+            # prometheus_client was imported before the folder was set: its samples would stay in
+            # this process, where SGLang's collector never reads them.
+            say(logging.DEBUG, "not reporting %s to Prometheus: prometheus_client is not in multiprocess mode", hotfix.name)
+            return False
+        if _gauge is None:
+            _gauge = prometheus_client.Gauge(
+                GAUGE_NAME, "1 for each sglang-hotfix-trtllm record applied in this server's processes",
+                LABELS, registry=None, multiprocess_mode="max")
+        _gauge.labels(record=hotfix.name, sglang_version=sglang_version or "unknown",
+                      fingerprint=fingerprint or "unknown").set(1)
+        return True
+    except Exception as error:  # no prometheus_client, an unwritable folder: the patch stands regardless
+        say(logging.DEBUG, "not reporting %s to Prometheus: %s: %s", hotfix.name, type(error).__name__, error)
+        return False
