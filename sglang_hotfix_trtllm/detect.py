@@ -310,7 +310,7 @@ _last_assessment = {}
 def _assess_text(hotfix, path, text, result):
     try:
         tree = _parses.parse(text, path)
-    except (SyntaxError, ValueError) as error:
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as error:  # the last two: too deeply nested
         return result(Verdict.UNKNOWN, "cannot read %s as Python: %s: %s" % (path, type(error).__name__, error))
     try:
         # Always the full analysis of the live definitions: the release table

@@ -59,10 +59,13 @@ def run(command):
     if not command:
         _error("no command given (usage: sglang-hotfix-trtllm run -- COMMAND [ARGS...])")
         return 2
+    if not command[0] or "\0" in command[0]:
+        _error("cannot run %r: not a command name (an empty or NUL-bearing argument)" % command[0])
+        return 127
     try:
         os.execvpe(command[0], command, environment(os.environ))
-    except OSError as error:
-        _error("cannot run %s: %s" % (command[0], error.strerror or error))
+    except (OSError, ValueError) as error:  # ValueError: a NUL byte in an argument or the environment
+        _error("cannot run %s: %s" % (command[0], getattr(error, "strerror", None) or error))
         return 127 if isinstance(error, FileNotFoundError) else 126
 
 

@@ -185,15 +185,15 @@ def _readers_problem(methods):
 def classify(tree):
     """Classify the source of ``trtllm_mha_backend`` (an ``ast.Module``)."""
     cls, class_problem = detect.live_class(tree, CLASS_NAME)
+    if cls is None:  # no backend here at all (an empty file, say): as for pr26521, not SGLang's code
+        return Classification(Verdict.UNKNOWN, class_problem, of_node(tree))
     # One walk of the module for every method this needs to know the live definition of.
-    methods = detect.live_methods(tree, cls, (METHOD_NAME, RESOLVER) + tuple(READERS)) if cls is not None else {}
-    method, problem = methods[METHOD_NAME] if cls is not None else (None, class_problem)
+    methods = detect.live_methods(tree, cls, (METHOD_NAME, RESOLVER) + tuple(READERS))
+    method, problem = methods[METHOD_NAME]
     uses = [(function, owner, _touches(function)) for function, owner in _functions(tree)]
     if not any(found for _, _, found in uses) and not _touches(tree):
         return Classification(Verdict.NOT_APPLICABLE, "this backend has no sliding-window KV pool handling "
                               "(added in SGLang 0.5.9)", of_node(method if method is not None else tree))
-    if cls is None:
-        return Classification(Verdict.UNKNOWN, class_problem, of_node(tree))
     if method is None:
         return Classification(Verdict.UNKNOWN, problem or "%s.%s not found" % (CLASS_NAME, METHOD_NAME), of_node(cls))
     fingerprint = of_node(method)
@@ -274,4 +274,5 @@ HOTFIX = Hotfix(
     classify=classify,
     wrapper=resolve_from_active_pool,
     known_fingerprints=ReleaseTable("pr25103_releases.json"),
+    probe="sglang_hotfix_trtllm.pr25103_probe:probe",
 )

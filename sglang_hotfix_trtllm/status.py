@@ -145,11 +145,14 @@ def backend_files(hotfix, root):
         if not os.access(root, os.R_OK):
             raise PathProblem("cannot read %s: permission denied" % root)
         return [root]
-    found = []
-    for folder, subfolders, files in os.walk(root):
+    found, unreadable_folders = [], []
+    for folder, subfolders, files in os.walk(root, onerror=unreadable_folders.append):
         subfolders[:] = sorted(d for d in subfolders if not d.startswith(".") and d != "__pycache__")
         if name in files:
             found.append(os.path.join(folder, name))
+    if unreadable_folders:  # a backend may sit in the part that could not be read: no verdict on half a tree
+        error = unreadable_folders[0]
+        raise PathProblem("cannot read folder %s: %s" % (error.filename or root, error.strerror or error))
     if not found:
         raise PathProblem("no %s under %s" % (name, root))
     unreadable = [p for p in found if not os.access(p, os.R_OK)]

@@ -244,3 +244,65 @@ def test_with_only_the_plugin_loader_the_headline_says_which_processes_are_cover
     plain = Ran(subprocess.run([bare_python, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300,
                                env=env))
     assert plain.result == "function", plain
+
+
+# --- round 2: bad inputs get messages, never tracebacks ---------------------------
+
+def test_run_with_an_empty_command_name_says_so_and_exits_127():
+    ran = cli("run", "--", "")
+    assert ran.returncode == 127 and "not a command name" in ran.stderr and "Traceback" not in ran.stderr
+    assert ran.stdout == ""
+
+
+@pytest.fixture
+def deeply_nested(tmp_path):
+    """A backend file that Python's parser cannot build an AST of (RecursionError)."""
+    path = tmp_path / "deep" / "trtllm_mha_backend.py"
+    path.parent.mkdir()
+    path.write_text("x = " + "1+" * 200000 + "1\n")
+    return path
+
+
+def test_status_source_on_a_too_deeply_nested_file_is_unknown_with_a_message(deeply_nested):
+    ran = cli("status", "--source", str(deeply_nested), "--json")
+    assert ran.returncode == 2 and "Traceback" not in ran.stderr
+    assert [r["verdict"] for r in json.loads(ran.stdout)["hotfixes"]] == ["unknown", "unknown"]
+    assert "RecursionError" in ran.stderr
+
+
+def test_a_folder_scan_survives_a_too_deeply_nested_file(image_root, deeply_nested):
+    nested = image_root / "srv" / "sglang" / TARGET_RELATIVE
+    nested.parent.mkdir(parents=True)
+    nested.write_text(deeply_nested.read_text())
+    ran = cli("status", "--source", str(image_root), "--json")
+    verdicts = sorted(s["verdict"] for s in json.loads(ran.stdout)["sources"])
+    assert ran.returncode == 2 and verdicts == ["affected", "fixed", "unknown"], ran.stderr
+
+
+def test_a_folder_scan_with_an_unreadable_sub_folder_exits_3(image_root):
+    """No verdict on half a tree (0.3.0 skipped the folder silently, exit 0). The tests run as
+    root, who reads every folder: the permission error is injected where os.walk lists it."""
+    locked = image_root / "locked"
+    locked.mkdir()
+    code = ("import os, sys\n"
+            "real = os.scandir\n"
+            "def scandir(path='.'):\n"
+            "    if os.fspath(path) == %r:\n"
+            "        raise PermissionError(13, 'Permission denied', os.fspath(path))\n"
+            "    return real(path)\n"
+            "os.scandir = scandir\n"
+            "from sglang_hotfix_trtllm.cli import main\n"
+            "sys.exit(main(['status', '--source', %r, '--json']))\n" % (str(locked), str(image_root)))
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(), timeout=120)
+    assert ran.returncode == 3 and ran.stdout == "", ran
+    assert "cannot read folder %s: Permission denied" % locked in ran.stderr
+
+
+def test_an_empty_backend_file_is_unknown_for_every_record(tmp_path):
+    """No backend class at all: both records say the same thing (0.3.0: unknown and not-applicable)."""
+    path = tmp_path / "trtllm_mha_backend.py"
+    path.write_text("")
+    ran = cli("status", "--source", str(path), "--json")
+    reports = json.loads(ran.stdout)["hotfixes"]
+    assert ran.returncode == 2 and [r["verdict"] for r in reports] == ["unknown", "unknown"]
+    assert all("class TRTLLMHAAttnBackend not found" in r["reason"] for r in reports)
