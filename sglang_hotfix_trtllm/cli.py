@@ -45,7 +45,9 @@ VERIFY_HELP = """exit status:
 RUN_HELP = """exit status: the command's; 126 or 127 when it cannot be started; 2 without a command.
 
 environment: PYTHONPATH is handed on with the bootstrap folder first; the variables
-above are read by the hotfix inside the command's Python processes."""
+below are read by the hotfix inside the command's Python processes.
+
+""" + SWITCHES_HELP
 
 
 def diagnose(message):

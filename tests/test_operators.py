@@ -306,3 +306,41 @@ def test_an_empty_backend_file_is_unknown_for_every_record(tmp_path):
     reports = json.loads(ran.stdout)["hotfixes"]
     assert ran.returncode == 2 and [r["verdict"] for r in reports] == ["unknown", "unknown"]
     assert all("class TRTLLMHAAttnBackend not found" in r["reason"] for r in reports)
+
+
+def test_offline_init_container_recipe_installs_into_a_target_folder_with_the_network_cut(tmp_path, plugin_wheel,
+                                                                                        bare_python):
+    """README's offline Kubernetes variant: the wrapt wheel beside the plugin's, `--no-index
+    --target`, every proxy pointed at a closed port; then `run` arms the hook in the command."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    shutil.copy(plugin_wheel, wheels)
+    version = "%d.%d" % sys.version_info[:2]
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
+                    version, "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64", "-d", str(wheels),
+                    "wrapt>=1.14"], check=True, timeout=300)
+    cut = {name: "http://127.0.0.1:9" for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")}
+    target = tmp_path / "opt-hotfix"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-cache-dir", "--no-index", "--find-links", str(wheels),
+                    "--target", str(target), "sglang-hotfix-trtllm"], check=True, timeout=300,
+                   env=clean_env(PIP_INDEX_URL="http://127.0.0.1:9/simple", **cut))
+    assert (target / "wrapt").is_dir() and (target / "sglang_hotfix_trtllm").is_dir()
+    probe = ("import sys, json, sglang_hotfix_trtllm_autoload as a;"
+             "print('RESULT:' + json.dumps(a.is_installed()))")
+    ran = Ran(subprocess.run([bare_python, "-m", "sglang_hotfix_trtllm", "run", "--", bare_python, "-c", probe],
+                             capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                             env=clean_env(PYTHONPATH=str(target))))
+    assert ran.returncode == 0 and ran.result is True, ran
+
+
+def test_pip_show_names_both_records(tmp_path):
+    summary = subprocess.run([sys.executable, "-m", "pip", "show", "sglang-hotfix-trtllm"], capture_output=True,
+                             text=True, timeout=120).stdout
+    line = next(l for l in summary.splitlines() if l.startswith("Summary:"))
+    assert "pr26521" in line and "pr25103" in line
+
+
+def test_run_help_lists_the_variables_it_says_it_lists():
+    text = cli("run", "--help").stdout
+    for variable in ("SGLANG_HOTFIX_TRTLLM_DISABLE", "SGLANG_HOTFIX_TRTLLM_STRICT", "SGLANG_PLUGINS", "PYTHONPATH"):
+        assert variable in text, variable
