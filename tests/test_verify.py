@@ -1,9 +1,10 @@
 """`sglang-hotfix-trtllm verify` on the installed SGLang (CPU)."""
 
+import re
 import subprocess
 import sys
 
-from conftest import clean_env
+from conftest import clean_env, run_python
 
 
 def verify(tmp_path, env=None, python=sys.executable):
@@ -40,3 +41,81 @@ def test_verify_without_torch_says_which_import_failed(tmp_path, bare_python, ve
 def test_verify_on_a_fixed_release_has_nothing_to_verify(tmp_path, sglang_release):
     ran = verify(tmp_path, env=clean_env(PYTHONPATH=str(sglang_release("0.5.13"))))
     assert ran.returncode == 0 and "nothing to verify" in ran.stdout
+
+
+def _table(stdout, target):
+    """The rows verify prints for the record of ``target``: field -> (unpatched, patched, upstream fix),
+    split at the header's column positions (cells may hold spaces)."""
+    lines = stdout.splitlines()
+    start = next(i for i, l in enumerate(lines) if l.startswith(target + ":"))
+    header_at = next(i for i in range(start, len(lines)) if lines[i].startswith("  field "))
+    header = lines[header_at]
+    starts = [m.start() for m in re.finditer(r"(?<=  )\S", header)] + [None]  # columns are two spaces apart
+    assert len(starts) == 5, header
+    rows = {}
+    for line in lines[header_at + 1:]:
+        if not line.startswith("  "):
+            break
+        cells = [line[a:b].strip() for a, b in zip(starts, starts[1:])]
+        rows[cells[0]] = tuple(cells[1:])
+    return rows
+
+
+def test_verify_runs_pr25103s_probe_on_real_pools_and_exits_0(tmp_path):
+    from sglang_hotfix_trtllm import pr25103
+
+    ran = verify(tmp_path)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert ran.stdout.count("OK: the patched method equals upstream's fix") == 2  # both records verified
+    rows = _table(ran.stdout, pr25103.HOTFIX.target)
+    # The bug: SGLang's own __init__ gives the EAGLE3 draft the target's SWAKVPool; 0.5.13 and the hotfix give None.
+    assert rows == {
+        "target: _swa_kv_pool": ("SWAKVPool (own pool)",) * 3,
+        "target: use_sliding_window_kv_pool": ("True",) * 3,
+        "EAGLE3 draft: _swa_kv_pool": ("SWAKVPool (target's pool)", "None", "None"),
+        "EAGLE3 draft: use_sliding_window_kv_pool": ("True", "False", "False"),
+    }
+
+
+PROBE_WITH_A_NO_OP_WRAPPER = """
+import json
+import sglang.srt.layers.attention.trtllm_mha_backend as backend
+from sglang_hotfix_trtllm import pr25103, pr25103_probe, verify
+from sglang_hotfix_trtllm.record import Hotfix
+
+cls = backend.TRTLLMHAAttnBackend
+init, module_globals = cls.__dict__["__init__"], dict(vars(backend))
+real = pr25103_probe.probe(backend)
+
+def no_op(module, wrapped, instance, args, kwargs):
+    return wrapped(*args, **kwargs)
+
+fields = {name: getattr(pr25103.HOTFIX, name) for name in Hotfix.__slots__}
+fields["wrapper"] = no_op
+pr25103.HOTFIX = Hotfix(**fields)  # what the probe wraps SGLang's __init__ with
+broken = pr25103_probe.probe(backend)
+printed = []
+code = verify.verify(pr25103.HOTFIX, printed.append, printed.append)
+print("RESULT:" + json.dumps({
+    "real": real.patched_equals_upstream, "broken": broken.patched_equals_upstream, "rows": broken.rows,
+    "detail": broken.detail, "exit": code, "last": printed[-1],
+    "class_untouched": cls.__dict__["__init__"] is init,
+    "globals_untouched": vars(backend).keys() == module_globals.keys()
+                         and all(vars(backend)[k] is v for k, v in module_globals.items()),
+}))
+"""
+
+
+def test_pr25103s_probe_fails_when_the_wrapper_does_not_repair(tmp_path):
+    # The same probe, in a process of its own, with the record's wrapper replaced by one that only calls SGLang's.
+    ran = run_python(["-c", PROBE_WITH_A_NO_OP_WRAPPER], cwd=tmp_path)
+    assert ran.returncode == 0, ran
+    result = ran.result
+    assert result["real"] is True and result["broken"] is False
+    rows = {row[0]: tuple(row[1:]) for row in result["rows"]}
+    assert rows["EAGLE3 draft: _swa_kv_pool"] == ("SWAKVPool (target's pool)", "SWAKVPool (target's pool)", "None")
+    assert rows["EAGLE3 draft: use_sliding_window_kv_pool"] == ("True", "True", "False")
+    assert "EAGLE3 draft" in result["detail"] and "target" not in result["detail"].split(":", 1)[1]
+    assert result["exit"] == 1 and result["last"].startswith("MISMATCH")
+    # The probe changed neither SGLang's class nor its module's globals (its workspace buffer included).
+    assert result["class_untouched"] and result["globals_untouched"]
