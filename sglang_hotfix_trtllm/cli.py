@@ -35,9 +35,9 @@ STATUS_HELP = """exit status:
 """ + SWITCHES_HELP
 
 VERIFY_HELP = """exit status:
-  0  the patched method equals upstream's fix, or there is nothing to verify (fixed, not-applicable,
-     or a record without a CPU probe: pr25103)
-  1  it does not
+  0  for every record, the patched method equals upstream's fix, or there is nothing to verify
+     (fixed, not-applicable)
+  1  it does not, or a switch turns a record off (SGLANG_HOTFIX_TRTLLM_DISABLE, SGLANG_PLUGINS)
   2  torch or SGLang cannot be imported, the code is unknown, or the probe failed
 
 """ + SWITCHES_HELP

@@ -2,13 +2,15 @@
 
 Imports torch and SGLang's real backend module (unlike ``status``), then runs
 the record's probe. Exit 0 only when the patched result equals upstream's; 0
-too when there is nothing to verify (fixed, not-applicable); 2 when torch or
-SGLang cannot be imported, the source is unknown, or the probe fails.
+too when there is nothing to verify (fixed, not-applicable); 1 when it differs,
+or when a switch turns the record off (the switches are read as the import
+hook reads them: ``engine.decide``); 2 when torch or SGLang cannot be
+imported, the source is unknown, or the probe fails.
 """
 
 import importlib
 
-from . import detect
+from . import detect, engine, switches
 from .record import Verdict
 
 EXIT_OK, EXIT_MISMATCH, EXIT_ERROR = 0, 1, 2
@@ -29,6 +31,12 @@ def verify(hotfix, out, err):
     if assessment.verdict is Verdict.UNKNOWN:
         err("cannot verify: the installed code is not recognised (fingerprint %s)" % assessment.fingerprint)
         return EXIT_ERROR
+    decision = engine.decide(hotfix, assessment, switches.read())
+    if decision.action in ("disabled", "excluded"):
+        # What a process does here is what matters: it would run SGLang's code unpatched.
+        out("NOT VERIFIED: record %s is turned off (%s); processes here run SGLang's code unpatched"
+            % (hotfix.name, decision.why))
+        return EXIT_MISMATCH
     if hotfix.probe is None:
         out("not verified here: record %s has no CPU probe (its proof: the differential tests on every affected "
             "release and the GPU run, see the README)" % hotfix.name)

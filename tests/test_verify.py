@@ -4,6 +4,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from conftest import clean_env, run_python
 
 
@@ -22,9 +24,13 @@ def test_verify_shows_unpatched_patched_and_upstream_and_exits_0(tmp_path):
     assert "OK: the patched method equals upstream's fix" in ran.stdout
 
 
-def test_verify_checks_the_patch_even_when_the_hook_is_disabled(tmp_path):
-    ran = verify(tmp_path, env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE="1"))
-    assert ran.returncode == 0 and "OK:" in ran.stdout
+@pytest.mark.parametrize("value, off", [("1", ["pr26521", "pr25103"]), ("pr25103", ["pr25103"])])
+def test_verify_reports_a_record_turned_off_as_not_verified_and_exits_1(tmp_path, value, off):
+    ran = verify(tmp_path, env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE=value))
+    assert ran.returncode == 1, ran.stdout + ran.stderr
+    lines = [l for l in ran.stdout.splitlines() if l.startswith("NOT VERIFIED: record")]
+    assert [l.split()[3] for l in lines] == off
+    assert ran.stdout.count("OK: the patched method equals upstream's fix") == 2 - len(off)
 
 
 def test_verify_without_torch_says_which_import_failed(tmp_path, bare_python, venv_site_packages):
