@@ -246,5 +246,18 @@ def startup_line():
         FINDER_MARK, arm)
 
 
+# The first line of the .pth, for whoever opens it in site-packages: site skips
+# lines that start with "#", so it costs a line read and nothing else.
+STARTUP_COMMENT = (
+    "# sglang-hotfix-trtllm: arms an import hook that patches SGLang's trtllm_mha_backend when it is imported; "
+    "it imports nothing at start. Readable source: sglang_hotfix_trtllm_autoload.py (startup_line). "
+    "Off: SGLANG_HOTFIX_TRTLLM_DISABLE=1, or pip uninstall sglang-hotfix-trtllm.")
+
+
+def pth_text():
+    """The whole ``sglang_hotfix_trtllm.pth`` (a test holds the shipped file to it)."""
+    return "%s\n%s\n" % (STARTUP_COMMENT, startup_line())
+
+
 if __name__ == "__main__":
-    print(startup_line())
+    sys.stdout.write(pth_text())

@@ -1,14 +1,16 @@
-"""sglang-hotfix-trtllm: SGLang PR #26521, applied to installed SGLang releases.
+"""sglang-hotfix-trtllm: upstream fixes of SGLang's TRT-LLM MHA backend (records pr26521 and
+pr25103), applied to installed SGLang releases.
 
 Public API (each call is cheap to import: nothing here imports wrapt, torch or
 SGLang until it is needed):
 
 * ``apply()``  arm the import hook and patch the backend now if it is loaded.
-* ``remove()`` restore every patched method and disarm the hook.
+* ``remove()`` restore every patched method (or turn it off in place under another
+  wrapper) and disarm the hook.
 * ``assess()`` the verdict on the installed SGLang, without importing it.
 """
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 
 def apply():

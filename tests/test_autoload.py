@@ -19,7 +19,7 @@ def test_plain_process_imports_nothing_of_ours_and_prints_nothing(scenario):
 
 def test_the_shipped_pth_line_is_the_one_the_startup_module_writes():
     with open(os.path.join(REPO, "sglang_hotfix_trtllm.pth")) as shipped:
-        assert shipped.read() == autoload.startup_line() + "\n", "regenerate: python sglang_hotfix_trtllm_autoload.py > sglang_hotfix_trtllm.pth"
+        assert shipped.read() == autoload.pth_text(), "regenerate: python sglang_hotfix_trtllm_autoload.py > sglang_hotfix_trtllm.pth"
 
 
 def test_disabled_process_loads_nothing_of_the_hotfix_when_sglang_imports_the_backend(tmp_path):
