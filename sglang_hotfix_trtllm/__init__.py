@@ -42,6 +42,7 @@ def remove():
 
 def assess():
     """Assessments of the installed SGLang for every hotfix, without importing it."""
-    from . import catalog, detect
+    from . import detect
+    from .records import catalog
 
     return [detect.assess_installed(hotfix) for hotfix in catalog.HOTFIXES]

@@ -17,7 +17,8 @@ import json
 import os
 import sys
 
-from . import __version__, catalog
+from . import __version__
+from .records import catalog
 from .record import Verdict
 
 SWITCHES_HELP = """environment variables read:

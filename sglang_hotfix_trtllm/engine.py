@@ -14,7 +14,8 @@ import logging
 import os
 import types
 
-from . import catalog, detect, source, switches
+from . import detect, source, switches
+from .records import catalog
 from .logs import say
 from .record import Value, Verdict
 

@@ -86,7 +86,7 @@ def _disable(environ, problems):
     this package does not carry, a list mixing ``1`` with names) turns every
     record off, with one warning naming what was not understood. An operator
     who reached for the kill switch wanted something off."""
-    from . import catalog  # here, not at the top: catalog imports the records, which need none of this
+    from .records import catalog  # here, not at the top: catalog imports the records, which need none of this
 
     raw = environ.get(DISABLE)
     value = "" if raw is None else raw.strip().lower()

@@ -43,7 +43,7 @@ class Ran:
     def hotfix_lines(self, record="pr26521"):
         """The hotfix's lines on stderr, without those naming another record's
         target (most tests are about one record); ``record=None``: all of them."""
-        from sglang_hotfix_trtllm import catalog
+        from sglang_hotfix_trtllm.records import catalog
 
         others = [h.target for h in catalog.HOTFIXES if record is not None and h.name != record]
         return [l for l in self.stderr.splitlines() if "sglang-hotfix-trtllm" in l and not any(t in l for t in others)]

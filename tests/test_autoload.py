@@ -4,7 +4,8 @@ import os
 
 import sglang_hotfix_trtllm_autoload as autoload
 from conftest import clean_env, run_python, shadow
-from sglang_hotfix_trtllm import catalog, switches
+from sglang_hotfix_trtllm import switches
+from sglang_hotfix_trtllm.records import catalog
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -26,7 +26,8 @@ import capture_harness
 import isolated_release
 import release_selection
 import swa_cases
-from sglang_hotfix_trtllm import engine, logs, patch, pr25103, pr26521
+from sglang_hotfix_trtllm import engine, logs, patch
+from sglang_hotfix_trtllm.records import pr25103, pr26521
 from upstream_fix import upstream_fixed_method
 
 RELEASE = "0.5.12"

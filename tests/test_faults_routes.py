@@ -11,7 +11,8 @@ import pytest
 
 import release_selection
 import swa_cases
-from sglang_hotfix_trtllm import detect, pr25103, pr26521
+from sglang_hotfix_trtllm import detect
+from sglang_hotfix_trtllm.records import pr25103, pr26521
 from sglang_hotfix_trtllm.record import Verdict
 
 CLASS_LINE = "class TRTLLMHAAttnBackend(FlashInferAttnBackend):\n"

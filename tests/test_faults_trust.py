@@ -23,7 +23,7 @@ import pytest
 
 import variants
 from conftest import SUPPORT, TARGET_RELATIVE, Ran, clean_env, run_python, shadow
-from sglang_hotfix_trtllm import pr26521
+from sglang_hotfix_trtllm.records import pr26521
 from sglang_hotfix_trtllm.record import Verdict
 
 PATCHED = "HotfixWrapper"

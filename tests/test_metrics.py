@@ -41,7 +41,7 @@ def test_records_turned_off_write_no_sample_and_import_nothing(tmp_path):
 def test_with_metrics_off_nothing_is_imported_or_written(tmp_path):
     """No PROMETHEUS_MULTIPROC_DIR: the engine's report is a no-op (a record applied, here the
     call the engine makes after patching, without SGLang)."""
-    code = ("import sys, json; from sglang_hotfix_trtllm import metrics, pr26521;"
+    code = ("import sys, json; from sglang_hotfix_trtllm import metrics; from sglang_hotfix_trtllm.records import pr26521;"
             "written = metrics.report_applied(pr26521.HOTFIX, '0.5.12', 'ast1:x');"
             "print('RESULT:' + json.dumps([written, 'prometheus_client' in sys.modules]))")
     ran = run_python(["-c", code], cwd=tmp_path, env=clean_env())

@@ -53,7 +53,8 @@ import mutants
 import release_selection
 import swa_cases
 import upstream_fix
-from sglang_hotfix_trtllm import engine, patch, pr25103, pr26521
+from sglang_hotfix_trtllm import engine, patch
+from sglang_hotfix_trtllm.records import pr25103, pr26521
 from sglang_hotfix_trtllm.record import Verdict
 
 INSTALLED = "installed"

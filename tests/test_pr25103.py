@@ -17,7 +17,8 @@ import release_selection
 import scan_releases
 import swa_cases
 from conftest import REPO, clean_env, run_python
-from sglang_hotfix_trtllm import catalog, detect, engine, patch, pr25103, switches
+from sglang_hotfix_trtllm import detect, engine, patch, switches
+from sglang_hotfix_trtllm.records import catalog, pr25103
 from sglang_hotfix_trtllm.record import Verdict
 
 HOTFIX = pr25103.HOTFIX

@@ -5,7 +5,7 @@ import ast
 import pytest
 
 import variants
-from sglang_hotfix_trtllm import pr26521
+from sglang_hotfix_trtllm.records import pr26521
 from sglang_hotfix_trtllm.record import Verdict
 
 

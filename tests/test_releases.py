@@ -18,7 +18,8 @@ import scan_releases
 import variants
 from capture_harness import compare_with_oracle
 from upstream_fix import upstream_fixed_method
-from sglang_hotfix_trtllm import detect, engine, patch, pr26521
+from sglang_hotfix_trtllm import detect, engine, patch
+from sglang_hotfix_trtllm.records import pr26521
 from sglang_hotfix_trtllm.record import Verdict
 
 HOTFIX = pr26521.HOTFIX

@@ -68,7 +68,7 @@ def _table(stdout, target):
 
 
 def test_verify_runs_pr25103s_probe_on_real_pools_and_exits_0(tmp_path):
-    from sglang_hotfix_trtllm import pr25103
+    from sglang_hotfix_trtllm.records import pr25103
 
     ran = verify(tmp_path)
     assert ran.returncode == 0, ran.stdout + ran.stderr
@@ -86,7 +86,8 @@ def test_verify_runs_pr25103s_probe_on_real_pools_and_exits_0(tmp_path):
 PROBE_WITH_A_NO_OP_WRAPPER = """
 import json
 import sglang.srt.layers.attention.trtllm_mha_backend as backend
-from sglang_hotfix_trtllm import pr25103, pr25103_probe, verify
+from sglang_hotfix_trtllm import verify
+from sglang_hotfix_trtllm.records import pr25103, pr25103_probe
 from sglang_hotfix_trtllm.record import Hotfix
 
 cls = backend.TRTLLMHAAttnBackend

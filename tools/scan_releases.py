@@ -10,7 +10,7 @@ record's *structural* analysis (never with the shipped table it is about to
 write). It loops over the package's catalog; for each record that ships a
 release table it prints one row per release, and with ``--write`` rewrites
 
-* that table (e.g. ``sglang_hotfix_trtllm/pr26521_releases.json``:
+* that table (e.g. ``sglang_hotfix_trtllm/records/pr26521_releases.json``:
   fingerprint -> verdict and releases), and
 * the compatibility table in ``README.md`` between the record's
   ``<!-- releases:NAME:begin -->`` and ``<!-- releases:NAME:end -->`` markers.
@@ -49,7 +49,7 @@ EXTRA_FILES = ("sglang/srt/model_executor/forward_batch_info.py", "sglang/srt/sp
 
 def records():
     """The catalog's records that ship a release table."""
-    from sglang_hotfix_trtllm import catalog
+    from sglang_hotfix_trtllm.records import catalog
 
     return [h for h in catalog.HOTFIXES if getattr(h.known_fingerprints, "path", None)]
 

@@ -133,7 +133,7 @@ def reference(q, k_flat, v_flat, lengths, tokens):
 
 def make_draft_backend(backend_module, device, workspace):
     """SGLang's multi-step draft backend over one real backend per draft step."""
-    from sglang_hotfix_trtllm.pr26521_probe import backend_without_model_runner
+    from sglang_hotfix_trtllm.records.pr26521_probe import backend_without_model_runner
 
     draft = object.__new__(backend_module.TRTLLMHAAttnMultiStepDraftBackend)
     draft.topk = 1

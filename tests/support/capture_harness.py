@@ -7,7 +7,7 @@ buffers come from SGLang's own ``init_cuda_graph_state``.
 
 import torch
 
-from sglang_hotfix_trtllm.pr26521_probe import backend_without_model_runner
+from sglang_hotfix_trtllm.records.pr26521_probe import backend_without_model_runner
 
 SPEC_INFO = object()  # the capture method only tests it against None
 

@@ -125,7 +125,8 @@ def hook_registry(order):
         module = _import_backend()  # our hook wraps at import
         HookRegistry.apply_hooks()
     cls = module.TRTLLMHAAttnBackend
-    from sglang_hotfix_trtllm import patch, pr26521
+    from sglang_hotfix_trtllm import patch
+    from sglang_hotfix_trtllm.records import pr26521
 
     original = None
     for layer in patch._chain(cls.__dict__[METHOD]):

@@ -256,7 +256,7 @@ def toy_record():
 
     import toy_record as toy
     import sglang_hotfix_trtllm
-    from sglang_hotfix_trtllm import catalog
+    from sglang_hotfix_trtllm.records import catalog
 
     toy.register()
     module = importlib.import_module(toy.MODULE)  # the import hook fires here

@@ -48,7 +48,7 @@ def register():
     its module in the startup module's WATCHED_MODULES, and the .pth line
     written from them (run here as site runs it, in place of the installed one)."""
     import sglang_hotfix_trtllm_autoload
-    from sglang_hotfix_trtllm import catalog
+    from sglang_hotfix_trtllm.records import catalog
 
     catalog.HOTFIXES = catalog.HOTFIXES + (TOY,)
     sglang_hotfix_trtllm_autoload.WATCHED_MODULES = sglang_hotfix_trtllm_autoload.WATCHED_MODULES | {MODULE}

@@ -53,7 +53,7 @@ import functools
 import types
 
 from . import pr25103
-from .record import ProbeReport
+from ..record import ProbeReport
 
 # Small real pools: one token slot per page, float32 on CPU.
 SIZE, SIZE_SWA, HEADS, HEAD_DIM = 16, 8, 2, 8

@@ -17,7 +17,7 @@ import ast
 import functools
 
 from . import pr26521
-from .record import ProbeReport
+from ..record import ProbeReport
 
 SEQ_LENS = (5, 9, 17)
 STEP_ID = 1
@@ -56,7 +56,7 @@ def _backend(cls, torch):
 
 
 def _upstream_function(module):
-    from .source import read_text
+    from ..source import read_text
 
     tree = ast.parse(read_text(module.__file__))
     method = pr26521.upstream_fixed_method_node(tree)

@@ -43,11 +43,12 @@ has no SWA handling at all are ``not-applicable``. Anything else is ``unknown``.
 """
 
 import ast
+import os
 
-from . import detect, logs
-from .fingerprint import of_node
-from .record import Classification, Hotfix, Verdict
-from .release_table import ReleaseTable
+from .. import detect, logs
+from ..fingerprint import of_node
+from ..record import Classification, Hotfix, Verdict
+from ..release_table import ReleaseTable
 
 CLASS_NAME = "TRTLLMHAAttnBackend"
 METHOD_NAME = "__init__"
@@ -273,6 +274,6 @@ HOTFIX = Hotfix(
     target="sglang.srt.layers.attention.trtllm_mha_backend.%s.%s" % (CLASS_NAME, METHOD_NAME),
     classify=classify,
     wrapper=resolve_from_active_pool,
-    known_fingerprints=ReleaseTable("pr25103_releases.json"),
-    probe="sglang_hotfix_trtllm.pr25103_probe:probe",
+    known_fingerprints=ReleaseTable(os.path.join(os.path.dirname(os.path.abspath(__file__)), "pr25103_releases.json")),
+    probe="sglang_hotfix_trtllm.records.pr25103_probe:probe",
 )

@@ -26,11 +26,12 @@ view once, nothing that writes it). Anything else is ``unknown``.
 """
 
 import ast
+import os
 
-from . import detect, logs
-from .fingerprint import of_node
-from .record import Classification, Hotfix, Verdict
-from .release_table import ReleaseTable
+from .. import detect, logs
+from ..fingerprint import of_node
+from ..record import Classification, Hotfix, Verdict
+from ..release_table import ReleaseTable
 
 CLASS_NAME = "TRTLLMHAAttnBackend"
 METHOD_NAME = "init_forward_metadata_capture_cuda_graph"
@@ -258,6 +259,6 @@ HOTFIX = Hotfix(
     target="sglang.srt.layers.attention.trtllm_mha_backend.%s.%s" % (CLASS_NAME, METHOD_NAME),
     classify=classify,
     wrapper=prefill_draft_decode_seqlens,
-    known_fingerprints=ReleaseTable("pr26521_releases.json"),
-    probe="sglang_hotfix_trtllm.pr26521_probe:probe",
+    known_fingerprints=ReleaseTable(os.path.join(os.path.dirname(os.path.abspath(__file__)), "pr26521_releases.json")),
+    probe="sglang_hotfix_trtllm.records.pr26521_probe:probe",
 )
