@@ -83,7 +83,7 @@ def write_stderr(text):
             pass  # the host's own unwritable text: its fate is the host's, as without us
         data = text.encode(getattr(stream, "encoding", None) or "utf-8", "backslashreplace")
         while data:
-            data = data[write(descriptor, data):]
+            data = data[write(descriptor, data) :]
     except Exception:
         pass
 
@@ -94,8 +94,10 @@ def _load_import_hook(subject):
     try:
         from sglang_hotfix_trtllm import import_hook
     except Exception as error:
-        message = "cannot load the hotfix (%s: %s); %s is imported unpatched. Reinstall sglang-hotfix-trtllm, or set %s=1." % (
-            type(error).__name__, error, subject, DISABLE_VARIABLE)
+        message = (
+            "cannot load the hotfix (%s: %s); %s is imported unpatched. Reinstall sglang-hotfix-trtllm, or set %s=1."
+            % (type(error).__name__, error, subject, DISABLE_VARIABLE)
+        )
         if switch_on(STRICT_VARIABLE):
             raise ImportError("sglang-hotfix-trtllm (strict mode): " + message) from error
         _say(message)
@@ -234,16 +236,28 @@ def startup_line():
     ``addpackage``."""
     # The finder protocol's parameter names and defaults, so that a caller passing them by keyword is served.
     watched = " and ".join("fullname!=%r" % name for name in sorted(WATCHED_MODULES))
-    finder = ("lambda fullname,path=None,target=None,g={}:None if %s else exec(G,g,{'args':(fullname,path,target)})"
-              "or g.pop('spec',None)" % watched)
+    finder = (
+        "lambda fullname,path=None,target=None,g={}:None if %s else exec(G,g,{'args':(fullname,path,target)})"
+        "or g.pop('spec',None)" % watched
+    )
     name = FINDER_MARK
     arm = "%s=eval(%r,{'G':%r});%s.find_spec=%s;%s.%s=True;sys.meta_path.insert(0,%s)" % (
-        name, finder, _LOOKUP, name, name, name, FINDER_MARK, name)
+        name,
+        finder,
+        _LOOKUP,
+        name,
+        name,
+        name,
+        FINDER_MARK,
+        name,
+    )
     # Only functions are asked for the mark (every copy of the finder is one): a function's unknown
     # attribute raises AttributeError, which getattr's default absorbs, where another .pth's finder
     # object may raise anything from its __getattr__.
-    return "import sys;any(type(f).__name__=='function'and getattr(f,%r,0)is True for f in sys.meta_path)or exec(%r)" % (
-        FINDER_MARK, arm)
+    return (
+        "import sys;any(type(f).__name__=='function'and getattr(f,%r,0)is True for f in sys.meta_path)or exec(%r)"
+        % (FINDER_MARK, arm)
+    )
 
 
 # The first line of the .pth, for whoever opens it in site-packages: site skips
@@ -251,7 +265,8 @@ def startup_line():
 STARTUP_COMMENT = (
     "# sglang-hotfix-trtllm: arms an import hook that patches SGLang's trtllm_mha_backend when it is imported; "
     "it imports nothing at start. Readable source: sglang_hotfix_trtllm_autoload.py (startup_line). "
-    "Off: SGLANG_HOTFIX_TRTLLM_DISABLE=1, or pip uninstall sglang-hotfix-trtllm.")
+    "Off: SGLANG_HOTFIX_TRTLLM_DISABLE=1, or pip uninstall sglang-hotfix-trtllm."
+)
 
 
 def pth_text():

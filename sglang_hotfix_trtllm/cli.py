@@ -27,28 +27,37 @@ SWITCHES_HELP = """environment variables read:
   SGLANG_HOTFIX_TRTLLM_STRICT=1    an import the hotfix cannot patch is stopped
   SGLANG_PLUGINS=a,b               SGLang's plugin allowlist; without sglang_hotfix_trtllm the hotfix stands aside"""
 
-STATUS_HELP = """exit status:
+STATUS_HELP = (
+    """exit status:
   0  protected, or nothing to do (fixed, not-applicable)
   1  affected, but a Python process started now would run it unpatched (disabled, excluded, no loader)
   2  the hotfix would refuse: unknown code, or wrapt missing or broken
   3  --source names a path that cannot be examined (missing, no backend file in it, unreadable)
 
-""" + SWITCHES_HELP
+"""
+    + SWITCHES_HELP
+)
 
-VERIFY_HELP = """exit status:
+VERIFY_HELP = (
+    """exit status:
   0  for every record, the patched method equals upstream's fix, or there is nothing to verify
      (fixed, not-applicable)
   1  it does not, or a switch turns a record off (SGLANG_HOTFIX_TRTLLM_DISABLE, SGLANG_PLUGINS)
   2  torch or SGLang cannot be imported, the code is unknown, or the probe failed
 
-""" + SWITCHES_HELP
+"""
+    + SWITCHES_HELP
+)
 
-RUN_HELP = """exit status: the command's; 126 or 127 when it cannot be started; 2 without a command.
+RUN_HELP = (
+    """exit status: the command's; 126 or 127 when it cannot be started; 2 without a command.
 
 environment: PYTHONPATH is handed on with the bootstrap folder first; the variables
 below are read by the hotfix inside the command's Python processes.
 
-""" + SWITCHES_HELP
+"""
+    + SWITCHES_HELP
+)
 
 
 def diagnose(message):
@@ -83,7 +92,9 @@ def _silence_stdout():
 def _human(report, state):
     lines = [state.headline(report)] if "would_patch" in report else []
     width = max(len(key) for key in report)
-    lines += ["%-*s  %s" % (width, key, state.readable(value)) for key, value in report.items() if key != "format_version"]
+    lines += [
+        "%-*s  %s" % (width, key, state.readable(value)) for key, value in report.items() if key != "format_version"
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -98,8 +109,14 @@ def status(arguments):
         assessed = [(hotfix,) + state.of_environment(hotfix) for hotfix in catalog.HOTFIXES]
     for hotfix, report, assessment, code in assessed:
         if code == state.EXIT_ERROR:
-            diagnose("%s: %s: %s" % (hotfix.name, assessment.verdict, report["would_patch_reason"]
-                                     if assessment.verdict is not Verdict.UNKNOWN else assessment.reason))
+            diagnose(
+                "%s: %s: %s"
+                % (
+                    hotfix.name,
+                    assessment.verdict,
+                    report["would_patch_reason"] if assessment.verdict is not Verdict.UNKNOWN else assessment.reason,
+                )
+            )
         reports.append(report)
         texts.append(_human(report, state))
         worst = max(worst, code)
@@ -123,7 +140,9 @@ def _status_of_source(arguments, state):
         documents.append(dict(tree["sources"][0], format_version=state.FORMAT_VERSION) if single else tree)
         for assessment in assessments:
             if assessment.verdict is Verdict.UNKNOWN:
-                diagnose("%s: %s: %s: %s" % (hotfix.name, assessment.source_path, assessment.verdict, assessment.reason))
+                diagnose(
+                    "%s: %s: %s: %s" % (hotfix.name, assessment.source_path, assessment.verdict, assessment.reason)
+                )
         sources = [documents[-1]] if single else documents[-1]["sources"]
         texts.append("".join(_human(r, state) + ("\n" if len(sources) > 1 else "") for r in sources))
         worst = max(worst, code)
@@ -154,32 +173,47 @@ def launch(arguments):
 def _parser():
     summary = "; ".join("%s (%s)" % (h.summary, h.upstream) for h in catalog.HOTFIXES)
     parser = argparse.ArgumentParser(
-        prog="sglang-hotfix-trtllm", description="Hotfixes for installed SGLang releases: %s." % summary,
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=SWITCHES_HELP)
+        prog="sglang-hotfix-trtllm",
+        description="Hotfixes for installed SGLang releases: %s." % summary,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=SWITCHES_HELP,
+    )
     parser.add_argument("-V", "--version", action="version", version="%(prog)s " + __version__)
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="{status,verify,run}")
     status_parser = verbs.add_parser(
-        "status", help="verdict on the installed SGLang and whether a new process would be patched",
-        description="Read the installed SGLang's source (never importing SGLang or torch) and say what a Python process "
-                    "started now would do: the verdict, and whether it would be patched.",
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=STATUS_HELP)
+        "status",
+        help="verdict on the installed SGLang and whether a new process would be patched",
+        description="Read the installed SGLang's source (never importing SGLang or torch) and say what a Python "
+        "process started now would do: the verdict, and whether it would be patched.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=STATUS_HELP,
+    )
     status_parser.add_argument("--json", action="store_true", help="print one JSON object (with a format_version key)")
     files = ", ".join(sorted({h.module.rpartition(".")[2] + ".py" for h in catalog.HOTFIXES}))
-    status_parser.add_argument("--source", metavar="PATH",
-                               help="classify this source file (%s), or every one under this folder, instead of the "
-                                    "installed one" % files)
+    status_parser.add_argument(
+        "--source",
+        metavar="PATH",
+        help="classify this source file (%s), or every one under this folder, instead of the installed one" % files,
+    )
     status_parser.set_defaults(run=status)
     verify_parser = verbs.add_parser(
-        "verify", help="run the fix on the installed SGLang on CPU and compare with upstream's",
+        "verify",
+        help="run the fix on the installed SGLang on CPU and compare with upstream's",
         description="Import the installed SGLang's backend on CPU and run the patched method, the unpatched one and "
-                    "upstream's fix side by side on small inputs.",
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=VERIFY_HELP)
+        "upstream's fix side by side on small inputs.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=VERIFY_HELP,
+    )
     verify_parser.set_defaults(run=verify)
     run_parser = verbs.add_parser(
-        "run", help="run COMMAND with the hotfix loaded (installs outside site-packages)", usage="%(prog)s -- COMMAND [ARGS...]",
+        "run",
+        help="run COMMAND with the hotfix loaded (installs outside site-packages)",
+        usage="%(prog)s -- COMMAND [ARGS...]",
         description="Run COMMAND with the hotfix armed in it and in every Python process it starts, for a plugin "
-                    "installed with `pip install --target DIR` where no .pth file is read.",
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=RUN_HELP)
+        "installed with `pip install --target DIR` where no .pth file is read.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=RUN_HELP,
+    )
     run_parser.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     run_parser.set_defaults(run=launch)
     return parser

@@ -60,8 +60,11 @@ def _nested_bindings(statement, name):
     return [node.lineno for node in _walk_scope(statement) if node is not statement and _binds(node, name)]
 
 
-_COMPOUND = (ast.If, ast.Try, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith) + (
-    (ast.Match,) if hasattr(ast, "Match") else ()) + ((ast.TryStar,) if hasattr(ast, "TryStar") else ())
+_COMPOUND = (
+    (ast.If, ast.Try, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith)
+    + ((ast.Match,) if hasattr(ast, "Match") else ())
+    + ((ast.TryStar,) if hasattr(ast, "TryStar") else ())
+)
 
 
 def live_definition(body, name, kind):
@@ -81,7 +84,11 @@ def live_definition(body, name, kind):
     if live is None:
         return None, ""
     if not isinstance(live, kind) or isinstance(live, ast.AsyncFunctionDef) != (kind is ast.AsyncFunctionDef):
-        return None, "%s is last bound by a %s at line %d, not by its definition" % (name, type(live).__name__, live.lineno)
+        return None, "%s is last bound by a %s at line %d, not by its definition" % (
+            name,
+            type(live).__name__,
+            live.lineno,
+        )
     return live, ""
 
 
@@ -112,9 +119,14 @@ def live_class(tree, class_name):
     globals_, _, _ = _index(tree)
     if class_name in globals_:
         return None, "a function declares `global %s` (line %d): the class may be rebound at run time" % (
-            class_name, globals_[class_name])
+            class_name,
+            globals_[class_name],
+        )
     if cls.decorator_list:
-        return None, "class %s has a decorator (line %d), which may replace its methods" % (class_name, cls.decorator_list[0].lineno)
+        return None, "class %s has a decorator (line %d), which may replace its methods" % (
+            class_name,
+            cls.decorator_list[0].lineno,
+        )
     return cls, ""
 
 
@@ -180,21 +192,31 @@ def attribute_routes_problem(tree, attributes, module_names=()):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _NAMED_WRITES:
             if node.func.id == "vars" or len(node.args) < 2 or not isinstance(node.args[1], ast.Constant):
                 return "line %d calls %s() with a computed attribute name" % (node.lineno, node.func.id)
-        if (isinstance(node, ast.Attribute) and node.attr in _ATTRIBUTE_PROTOCOL) or (
-                isinstance(node, ast.Name) and node.id in _ATTRIBUTE_PROTOCOL) or (
-                isinstance(node, _FUNCTIONS) and node.name in _ATTRIBUTE_PROTOCOL):
-            return "line %d uses the attribute protocol (%s)" % (node.lineno, getattr(node, "attr", None)
-                                                                  or getattr(node, "id", None) or node.name)
+        if (
+            (isinstance(node, ast.Attribute) and node.attr in _ATTRIBUTE_PROTOCOL)
+            or (isinstance(node, ast.Name) and node.id in _ATTRIBUTE_PROTOCOL)
+            or (isinstance(node, _FUNCTIONS) and node.name in _ATTRIBUTE_PROTOCOL)
+        ):
+            return "line %d uses the attribute protocol (%s)" % (
+                node.lineno,
+                getattr(node, "attr", None) or getattr(node, "id", None) or node.name,
+            )
         if isinstance(node, ast.Global) and set(node.names) & set(module_names):
-            return "line %d declares `global %s`" % (node.lineno, ", ".join(sorted(set(node.names) & set(module_names))))
+            return "line %d declares `global %s`" % (
+                node.lineno,
+                ", ".join(sorted(set(node.names) & set(module_names))),
+            )
         if isinstance(node, ast.ClassDef):
             for statement in node.body:
                 for name in attributes:
                     if _binds_directly(statement, name) and not (
-                            isinstance(statement, (ast.Assign, ast.AnnAssign))
-                            and isinstance(statement.value, (ast.Constant, type(None)))):
-                        return "class %s binds %s at class level (line %d): a descriptor there takes over the " \
-                               "attribute" % (node.name, name, statement.lineno)
+                        isinstance(statement, (ast.Assign, ast.AnnAssign))
+                        and isinstance(statement.value, (ast.Constant, type(None)))
+                    ):
+                        return (
+                            "class %s binds %s at class level (line %d): a descriptor there takes over the "
+                            "attribute" % (node.name, name, statement.lineno)
+                        )
     for node in _outside_function_bodies(tree):
         if isinstance(node, ast.Attribute) and node.attr in attributes:
             return "line %d uses .%s in code that runs at module or class level" % (node.lineno, node.attr)
@@ -208,9 +230,15 @@ def signature_problem(method, parameters, defaults=()):
     A wrapper binds its calls with a function of that exact list."""
     arguments = method.args
     names = tuple(a.arg for a in arguments.posonlyargs + arguments.args)
-    if (method.decorator_list or names != ("self",) + tuple(parameters) or arguments.vararg or arguments.kwarg
-            or arguments.kwonlyargs or arguments.posonlyargs
-            or tuple(ast.unparse(d) for d in arguments.defaults) != tuple(defaults)):
+    if (
+        method.decorator_list
+        or names != ("self",) + tuple(parameters)
+        or arguments.vararg
+        or arguments.kwarg
+        or arguments.kwonlyargs
+        or arguments.posonlyargs
+        or tuple(ast.unparse(d) for d in arguments.defaults) != tuple(defaults)
+    ):
         return "unexpected signature: (%s)" % ", ".join(names)
     return None
 
@@ -222,7 +250,11 @@ def first_line_of(function):
 
 
 def is_docstring(statement):
-    return isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant) and isinstance(statement.value.value, str)
+    return (
+        isinstance(statement, ast.Expr)
+        and isinstance(statement.value, ast.Constant)
+        and isinstance(statement.value.value, str)
+    )
 
 
 # --------------------------------------------------------------------------
@@ -232,8 +264,16 @@ def is_docstring(statement):
 class Assessment(Value):
     """The verdict on one source of a hotfix's target, with what it rests on."""
 
-    __slots__ = ("hotfix_name", "target", "verdict", "reason", "fingerprint", "source_path", "known_releases",
-                 "method_first_line")
+    __slots__ = (
+        "hotfix_name",
+        "target",
+        "verdict",
+        "reason",
+        "fingerprint",
+        "source_path",
+        "known_releases",
+        "method_first_line",
+    )
     _defaults = {"method_first_line": None}
 
     def as_dict(self):
@@ -330,7 +370,9 @@ def _assess_text(hotfix, path, text, result):
     reason = classification.reason
     if releases:
         reason = "%s; code identical to SGLang %s" % (reason, _releases_text(releases))
-    return result(classification.verdict, reason, classification.fingerprint, classification.method_first_line, releases)
+    return result(
+        classification.verdict, reason, classification.fingerprint, classification.method_first_line, releases
+    )
 
 
 def _releases_text(releases):
@@ -342,8 +384,15 @@ def assess_installed(hotfix):
     located = source.locate(hotfix.module)
     if located.path is None:
         if located.module_found:
-            return Assessment(hotfix.name, hotfix.target, Verdict.UNKNOWN,
-                              "cannot analyse %s: %s" % (hotfix.module, located.reason), None, None, ())
+            return Assessment(
+                hotfix.name,
+                hotfix.target,
+                Verdict.UNKNOWN,
+                "cannot analyse %s: %s" % (hotfix.module, located.reason),
+                None,
+                None,
+                (),
+            )
         if not located.package_found:
             reason = "%s is not installed in this environment (%s)" % (hotfix.distribution, located.reason)
         else:
@@ -356,11 +405,25 @@ def assess_module(hotfix, module):
     """The verdict on an imported module, from the file it was loaded from."""
     spec = getattr(module, "__spec__", None)
     if source.is_namespace(spec):
-        return Assessment(hotfix.name, hotfix.target, Verdict.NOT_APPLICABLE,
-                          "this %s has no %s module (%s)" % (hotfix.distribution, hotfix.module,
-                                                             source.NAMESPACE_REASON % hotfix.module), None, None, ())
+        return Assessment(
+            hotfix.name,
+            hotfix.target,
+            Verdict.NOT_APPLICABLE,
+            "this %s has no %s module (%s)"
+            % (hotfix.distribution, hotfix.module, source.NAMESPACE_REASON % hotfix.module),
+            None,
+            None,
+            (),
+        )
     path, problem = source.source_file(getattr(spec, "origin", None) or getattr(module, "__file__", None))
     if path is None:
-        return Assessment(hotfix.name, hotfix.target, Verdict.UNKNOWN,
-                          "cannot analyse %s: %s" % (hotfix.module, problem), None, None, ())
+        return Assessment(
+            hotfix.name,
+            hotfix.target,
+            Verdict.UNKNOWN,
+            "cannot analyse %s: %s" % (hotfix.module, problem),
+            None,
+            None,
+            (),
+        )
     return assess_source(hotfix, path)

@@ -36,7 +36,10 @@ def wrapt_problem():
     try:
         import wrapt  # noqa: F401  (the import is the check)
     except Exception as error:
-        return "wrapt cannot be imported (%s: %s); install it: pip install 'wrapt>=1.14'" % (type(error).__name__, error)
+        return "wrapt cannot be imported (%s: %s); install it: pip install 'wrapt>=1.14'" % (
+            type(error).__name__,
+            error,
+        )
     return None
 
 
@@ -76,8 +79,10 @@ def _refuse(hotfix, strict, message, cause=None, once=True):
     """Say why ``hotfix`` is not applied and what follows: SGLang runs
     unpatched (a warning), or, in strict mode, the import is stopped (raised)."""
     if strict:
-        raise HotfixError("sglang-hotfix-trtllm (strict mode, %s=1): %s; the import of %s is stopped" % (
-            switches.STRICT, message, hotfix.module)) from cause
+        raise HotfixError(
+            "sglang-hotfix-trtllm (strict mode, %s=1): %s; the import of %s is stopped"
+            % (switches.STRICT, message, hotfix.module)
+        ) from cause
     say(logging.WARNING, "%s; SGLang runs unpatched", message, once_key=("refused", hotfix.name) if once else None)
 
 
@@ -99,7 +104,10 @@ def handle(hotfix, module):
         say(
             logging.WARNING if assessment.verdict is Verdict.AFFECTED else logging.INFO,
             "not patching %s: %s=%r does not name %s (SGLang's plugin allowlist); add it there to enable the hotfix",
-            hotfix.target, switches.SGLANG_PLUGINS, os.environ.get(switches.SGLANG_PLUGINS), switches.PLUGIN_NAME,
+            hotfix.target,
+            switches.SGLANG_PLUGINS,
+            os.environ.get(switches.SGLANG_PLUGINS),
+            switches.PLUGIN_NAME,
             once_key=("excluded", hotfix.name),
         )
         return "excluded"
@@ -107,7 +115,10 @@ def handle(hotfix, module):
         say(
             logging.INFO,
             "not patching %s: upstream already has the fix (%s; %s). This package can be removed: %s",
-            hotfix.target, _version_text(hotfix, path), assessment.reason, UNINSTALL_HINT,
+            hotfix.target,
+            _version_text(hotfix, path),
+            assessment.reason,
+            UNINSTALL_HINT,
             once_key=("fixed", hotfix.name),
         )
         return "fixed"
@@ -115,15 +126,25 @@ def handle(hotfix, module):
         return "not-applicable"
     if assessment.verdict is Verdict.UNKNOWN:
         _refuse(
-            hotfix, current.strict,
+            hotfix,
+            current.strict,
             "not patching %s: code not recognised (%s, %s, fingerprint %s): %s. Run `sglang-hotfix-trtllm status` "
-            "for details" % (hotfix.target, _version_text(hotfix, path) if path else hotfix.distribution,
-                             path or "no source", assessment.fingerprint, assessment.reason),
+            "for details"
+            % (
+                hotfix.target,
+                _version_text(hotfix, path) if path else hotfix.distribution,
+                path or "no source",
+                assessment.fingerprint,
+                assessment.reason,
+            ),
         )
         return "refused"
     if decision.action == "refuse":
-        _refuse(hotfix, current.strict, "could not patch %s (%s, %s): %s" % (
-            hotfix.target, _version_text(hotfix, path), path, decision.why))
+        _refuse(
+            hotfix,
+            current.strict,
+            "could not patch %s (%s, %s): %s" % (hotfix.target, _version_text(hotfix, path), path, decision.why),
+        )
         return "refused"
 
     from . import patch
@@ -131,24 +152,38 @@ def handle(hotfix, module):
     try:
         outcome = patch.wrap(hotfix, module, assessment)
     except patch.NotWrappable as problem:
-        _refuse(hotfix, current.strict, "not patching %s (%s, %s): %s" % (hotfix.target, _version_text(hotfix, path), path, problem),
-                problem)
+        _refuse(
+            hotfix,
+            current.strict,
+            "not patching %s (%s, %s): %s" % (hotfix.target, _version_text(hotfix, path), path, problem),
+            problem,
+        )
         return "refused"
     except Exception as error:
-        _refuse(hotfix, current.strict, "could not patch %s (%s, %s): %s: %s" % (
-            hotfix.target, _version_text(hotfix, path), path, type(error).__name__, error), error)
+        _refuse(
+            hotfix,
+            current.strict,
+            "could not patch %s (%s, %s): %s: %s"
+            % (hotfix.target, _version_text(hotfix, path), path, type(error).__name__, error),
+            error,
+        )
         return "refused"
     if outcome == "wrapped":
         say(
             logging.INFO,
             "patched %s (%s, fingerprint %s): %s as %s does",
-            hotfix.target, _version_text(hotfix, path), assessment.fingerprint, hotfix.effect, hotfix.upstream,
+            hotfix.target,
+            _version_text(hotfix, path),
+            assessment.fingerprint,
+            hotfix.effect,
+            hotfix.upstream,
             once_key=("patched", hotfix.name),
         )
         from . import metrics
 
-        metrics.report_applied(hotfix, source.distribution(hotfix.distribution, path, hotfix.module).version,
-                               assessment.fingerprint)
+        metrics.report_applied(
+            hotfix, source.distribution(hotfix.distribution, path, hotfix.module).version, assessment.fingerprint
+        )
         return "patched"
     return outcome
 
@@ -170,5 +205,10 @@ def on_module_imported(module, name=None):
             except HotfixError:
                 raise
             except Exception as error:  # a bug here must not take the host down
-                _refuse(hotfix, switches.read().strict, "internal error while handling %s: %s: %s" % (
-                    hotfix.target, type(error).__name__, error), error, once=False)
+                _refuse(
+                    hotfix,
+                    switches.read().strict,
+                    "internal error while handling %s: %s: %s" % (hotfix.target, type(error).__name__, error),
+                    error,
+                    once=False,
+                )

@@ -16,11 +16,7 @@ PREFIX = "ast1:"
 
 
 def _is_docstring(node):
-    return (
-        isinstance(node, ast.Expr)
-        and isinstance(node.value, ast.Constant)
-        and isinstance(node.value.value, str)
-    )
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
 
 
 def _canonical(node, out):

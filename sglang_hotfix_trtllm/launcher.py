@@ -14,7 +14,6 @@ so the image's own packages (its wrapt included) are never shadowed.
 """
 
 import os
-import sys
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
 # The folder holding this package and the startup module (site-packages, or the --target folder).

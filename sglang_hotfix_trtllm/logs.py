@@ -34,7 +34,9 @@ def _handled_above(record):
 class _FallbackHandler(logging.Handler):
     def __init__(self):
         super().__init__()
-        self.setFormatter(logging.Formatter("[%(asctime)s pid=%(process)d] sglang-hotfix-trtllm %(levelname)s: %(message)s"))
+        self.setFormatter(
+            logging.Formatter("[%(asctime)s pid=%(process)d] sglang-hotfix-trtllm %(levelname)s: %(message)s")
+        )
 
     def emit(self, record):
         try:
@@ -75,5 +77,13 @@ def repair_skipped(target, record, error):
     """A record's wrapper could not compute its repair for one call (a model
     runner without an attribute the repair reads, say): SGLang's own result is
     left as it is. One WARNING per process and record; never raises."""
-    say(logging.WARNING, "not repairing a call of %s (record %s): %s: %s; SGLang's own result is left as it set it "
-        "(logged once per process)", target, record, type(error).__name__, error, once_key=("repair-skipped", record))
+    say(
+        logging.WARNING,
+        "not repairing a call of %s (record %s): %s: %s; SGLang's own result is left as it set it "
+        "(logged once per process)",
+        target,
+        record,
+        type(error).__name__,
+        error,
+        once_key=("repair-skipped", record),
+    )

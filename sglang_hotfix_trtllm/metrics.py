@@ -38,14 +38,23 @@ def report_applied(hotfix, sglang_version, fingerprint):
         if not getattr(values.ValueClass, "_multiprocess", False):
             # prometheus_client was imported before the folder was set: its samples would stay in
             # this process, where SGLang's collector never reads them.
-            say(logging.DEBUG, "not reporting %s to Prometheus: prometheus_client is not in multiprocess mode", hotfix.name)
+            say(
+                logging.DEBUG,
+                "not reporting %s to Prometheus: prometheus_client is not in multiprocess mode",
+                hotfix.name,
+            )
             return False
         if _gauge is None:
             _gauge = prometheus_client.Gauge(
-                GAUGE_NAME, "1 for each sglang-hotfix-trtllm record applied in this server's processes",
-                LABELS, registry=None, multiprocess_mode="max")
-        _gauge.labels(record=hotfix.name, sglang_version=sglang_version or "unknown",
-                      fingerprint=fingerprint or "unknown").set(1)
+                GAUGE_NAME,
+                "1 for each sglang-hotfix-trtllm record applied in this server's processes",
+                LABELS,
+                registry=None,
+                multiprocess_mode="max",
+            )
+        _gauge.labels(
+            record=hotfix.name, sglang_version=sglang_version or "unknown", fingerprint=fingerprint or "unknown"
+        ).set(1)
         return True
     except Exception as error:  # no prometheus_client, an unwritable folder: the patch stands regardless
         say(logging.DEBUG, "not reporting %s to Prometheus: %s: %s", hotfix.name, type(error).__name__, error)

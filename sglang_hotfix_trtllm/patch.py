@@ -86,8 +86,11 @@ def _chain(attribute):
         yield attribute
         try:
             below = getattr(attribute, "__wrapped__", None)
-            if type(attribute) is types.FunctionType and below is not None and not any(
-                    _cell_holds(cell, below) for cell in attribute.__closure__ or ()):
+            if (
+                type(attribute) is types.FunctionType
+                and below is not None
+                and not any(_cell_holds(cell, below) for cell in attribute.__closure__ or ())
+            ):
                 return
             attribute = below
         except Exception:  # a hostile proxy: the chain ends here
@@ -111,24 +114,41 @@ def _ours_in_chain(attribute, hotfix):
 def _describe(attribute):
     code = getattr(attribute, "__code__", None)
     where = " from %s" % code.co_filename if code is not None else ""
-    return "%s %s.%s%s" % (type(attribute).__name__, getattr(attribute, "__module__", "?"),
-                           getattr(attribute, "__qualname__", "?"), where)
+    return "%s %s.%s%s" % (
+        type(attribute).__name__,
+        getattr(attribute, "__module__", "?"),
+        getattr(attribute, "__qualname__", "?"),
+        where,
+    )
 
 
 def _check_wrappable(hotfix, current, assessment):
     """None when the class attribute is the function the analysis read, else why not."""
     if type(current) is not types.FunctionType or hasattr(current, "__wrapped__"):  # type(): proxies pass isinstance
-        return ("%s is already wrapped or replaced by someone else (%s): the hotfix's repair is proven only directly "
-                "around SGLang's own method, so it stands aside. The .pth file, SGLang's plugin loader and `run` "
-                "apply the hotfix when the backend is imported, before other patchers" % (hotfix.target, _describe(current)))
+        return (
+            "%s is already wrapped or replaced by someone else (%s): the hotfix's repair is proven only directly "
+            "around SGLang's own method, so it stands aside. The .pth file, SGLang's plugin loader and `run` "
+            "apply the hotfix when the backend is imported, before other patchers" % (hotfix.target, _describe(current))
+        )
     code = current.__code__
     if code.co_name != hotfix.method_name:
-        return "%s holds function %r from %s (replaced by someone else?)" % (hotfix.target, code.co_name, code.co_filename)
+        return "%s holds function %r from %s (replaced by someone else?)" % (
+            hotfix.target,
+            code.co_name,
+            code.co_filename,
+        )
     if assessment.source_path and os.path.basename(code.co_filename) != os.path.basename(assessment.source_path):
-        return "%s was compiled from %s, not from the analysed %s" % (hotfix.target, code.co_filename, assessment.source_path)
+        return "%s was compiled from %s, not from the analysed %s" % (
+            hotfix.target,
+            code.co_filename,
+            assessment.source_path,
+        )
     if assessment.method_first_line is not None and code.co_firstlineno != assessment.method_first_line:
         return "%s starts at line %d in the running code but at line %d on disk (file changed since import?)" % (
-            hotfix.target, code.co_firstlineno, assessment.method_first_line)
+            hotfix.target,
+            code.co_firstlineno,
+            assessment.method_first_line,
+        )
     return None
 
 
@@ -188,13 +208,26 @@ def remove_all():
             elif _ours_in_chain(current, entry.hotfix):
                 entry.enabled = False
                 restored += 1
-                say(logging.WARNING, "%s: another wrapper sits on top of the hotfix's; the hotfix is turned off "
-                    "in place and calls go straight to SGLang's method", entry.hotfix.target)
+                say(
+                    logging.WARNING,
+                    "%s: another wrapper sits on top of the hotfix's; the hotfix is turned off "
+                    "in place and calls go straight to SGLang's method",
+                    entry.hotfix.target,
+                )
             else:
-                say(logging.WARNING, "not restoring %s: it was replaced after the hotfix wrapped it (the hotfix "
-                    "is no longer called there)", entry.hotfix.target)
-        _applied[:] = [e for e in _applied if not e.enabled and e.cls_ref() is not None
-                       and _ours_in_chain(e.cls_ref().__dict__.get(e.hotfix.method_name), e.hotfix)]
+                say(
+                    logging.WARNING,
+                    "not restoring %s: it was replaced after the hotfix wrapped it (the hotfix "
+                    "is no longer called there)",
+                    entry.hotfix.target,
+                )
+        _applied[:] = [
+            e
+            for e in _applied
+            if not e.enabled
+            and e.cls_ref() is not None
+            and _ours_in_chain(e.cls_ref().__dict__.get(e.hotfix.method_name), e.hotfix)
+        ]
     if restored:
         say(logging.INFO, "removed: %d method(s) restored to SGLang's original", restored, once_key="removed")
     return restored

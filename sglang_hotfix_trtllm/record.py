@@ -90,8 +90,18 @@ class Hotfix(Value):
     * ``probe``: "module:function" run by ``verify`` on the imported target.
     """
 
-    __slots__ = ("name", "upstream", "summary", "effect", "distribution", "target", "classify", "wrapper",
-                 "known_fingerprints", "probe")
+    __slots__ = (
+        "name",
+        "upstream",
+        "summary",
+        "effect",
+        "distribution",
+        "target",
+        "classify",
+        "wrapper",
+        "known_fingerprints",
+        "probe",
+    )
     _defaults = {"known_fingerprints": {}, "probe": None, "summary": "", "effect": "patched"}
 
     @property
@@ -105,7 +115,6 @@ class Hotfix(Value):
     @property
     def method_name(self):
         return self.target.rsplit(".", 2)[2]
-
 
 
 class ProbeReport(Value):

@@ -58,8 +58,11 @@ def is_namespace(spec):
     """True for the spec of a namespace package (no file, search locations only):
     at a module's name it holds no code, so there is nothing of SGLang's to
     judge. Status and the import hook both ask here."""
-    return (spec is not None and getattr(spec, "origin", None) is None
-            and getattr(spec, "submodule_search_locations", None) is not None)
+    return (
+        spec is not None
+        and getattr(spec, "origin", None) is None
+        and getattr(spec, "submodule_search_locations", None) is not None
+    )
 
 
 class _NamespaceSpec(Value):
@@ -112,7 +115,7 @@ def locate(module_name):
             return LocatedSource(module_name, None, "package %r is not installed" % parts[0], False, False)
         for depth in range(1, len(parts)):
             locations = list(spec.submodule_search_locations or [])
-            parent, name = ".".join(parts[:depth]), ".".join(parts[:depth + 1])
+            parent, name = ".".join(parts[:depth]), ".".join(parts[: depth + 1])
             if not locations:
                 return LocatedSource(module_name, None, "%r is a module, not a package" % parent, True, False)
             try:

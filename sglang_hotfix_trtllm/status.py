@@ -54,10 +54,12 @@ EVERY_PROCESS, UNDER_RUN, SGLANG_LOADER_ONLY, NONE = "every-process", "under-run
 COVERAGE_WORDS = {
     EVERY_PROCESS: "every new Python process of this environment is patched (the startup file arms the hook)",
     UNDER_RUN: "this process's Python children are patched (it runs under `sglang-hotfix-trtllm run`)",
-    SGLANG_LOADER_ONLY: ("only processes started through SGLang's plugin loader are patched (launch_server, `sglang "
-                         "serve`, Engine and scheduler processes); any other Python process here, a plain "
-                         "`python -c 'import sglang...'` say, stays unpatched: start it with "
-                         "`sglang-hotfix-trtllm run -- COMMAND` to cover it"),
+    SGLANG_LOADER_ONLY: (
+        "only processes started through SGLang's plugin loader are patched (launch_server, `sglang "
+        "serve`, Engine and scheduler processes); any other Python process here, a plain "
+        "`python -c 'import sglang...'` say, stays unpatched: start it with "
+        "`sglang-hotfix-trtllm run -- COMMAND` to cover it"
+    ),
 }
 
 
@@ -73,9 +75,15 @@ def would_patch(decision, startup_active, under_launcher, entry_point, framework
         return True, COVERAGE_WORDS[UNDER_RUN], UNDER_RUN
     if entry_point and framework:
         return True, "the startup file is not active: " + COVERAGE_WORDS[SGLANG_LOADER_ONLY], SGLANG_LOADER_ONLY
-    return False, ("no loader is active: %s is not in a site-packages directory and SGLang has no plugin "
-                   "framework; reinstall into site-packages, or start SGLang with `sglang-hotfix-trtllm run -- ...`"
-                   % STARTUP_FILE), NONE
+    return (
+        False,
+        (
+            "no loader is active: %s is not in a site-packages directory and SGLang has no plugin "
+            "framework; reinstall into site-packages, or start SGLang with `sglang-hotfix-trtllm run -- ...`"
+            % STARTUP_FILE
+        ),
+        NONE,
+    )
 
 
 def exit_status(assessment, decision, patched):
@@ -179,10 +187,17 @@ def headline(report):
     version = report.get("sglang_version") or "(version unknown)"
     record = report["hotfix"]
     if verdict == "affected" and report.get("would_patch"):
-        return "record %s: SGLang %s has its bug, and it will be patched: %s" % (record, version, report["would_patch_reason"])
+        return "record %s: SGLang %s has its bug, and it will be patched: %s" % (
+            record,
+            version,
+            report["would_patch_reason"],
+        )
     if verdict == "affected":
         return "record %s: SGLang %s has its bug, but a new process would run it unpatched: %s" % (
-            record, version, report["would_patch_reason"])
+            record,
+            version,
+            report["would_patch_reason"],
+        )
     if verdict == "fixed":
         return "record %s: SGLang %s already has its fix" % (record, version)
     if verdict == "not-applicable":
@@ -199,22 +214,33 @@ def overall_headline(reports, code):
     names = lambda rs: ", ".join(r["hotfix"] for r in rs)  # noqa: E731
     if code == EXIT_ERROR:
         failing = [r for r in reports if r["decision"] == "refuse"]
-        return "CANNOT PATCH: record %s: %s" % (names(failing), "; ".join(
-            "%s: %s" % (r["hotfix"], r["would_patch_reason"]) for r in failing))
+        return "CANNOT PATCH: record %s: %s" % (
+            names(failing),
+            "; ".join("%s: %s" % (r["hotfix"], r["would_patch_reason"]) for r in failing),
+        )
     if code == EXIT_UNPROTECTED:
         open_ = [r for r in reports if r["verdict"] in ("affected", "unknown") and not r["would_patch"]]
         return "NOT PROTECTED: SGLang %s: record %s would run unpatched in a new process: %s" % (
-            version, names(open_), "; ".join("%s: %s" % (r["hotfix"], r["would_patch_reason"]) for r in open_))
+            version,
+            names(open_),
+            "; ".join("%s: %s" % (r["hotfix"], r["would_patch_reason"]) for r in open_),
+        )
     if affected:
         coverage = {r.get("covered_processes") for r in affected}
         words = COVERAGE_WORDS.get(coverage.pop()) if len(coverage) == 1 else None
         return "PROTECTED: SGLang %s has the bugs of record %s; %s" % (
-            version, names(affected), words or "; ".join(r["would_patch_reason"] for r in affected))
+            version,
+            names(affected),
+            words or "; ".join(r["would_patch_reason"] for r in affected),
+        )
     if all(r["verdict"] == "fixed" for r in reports):
         return "NOTHING TO DO: SGLang %s already has every fix this package carries; it can be removed (%s)" % (
-            version, engine.UNINSTALL_HINT)
-    return "NOTHING TO DO: %s" % "; ".join("record %s: %s" % (r["hotfix"], r["reason"] if r["verdict"] != "fixed"
-                                                             else "already fixed") for r in reports)
+            version,
+            engine.UNINSTALL_HINT,
+        )
+    return "NOTHING TO DO: %s" % "; ".join(
+        "record %s: %s" % (r["hotfix"], r["reason"] if r["verdict"] != "fixed" else "already fixed") for r in reports
+    )
 
 
 def readable(value):

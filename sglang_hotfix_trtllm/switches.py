@@ -74,7 +74,8 @@ def _flag(environ, variable, problems):
     if value not in FALSE_VALUES:
         problems.append(
             "%s=%r is not understood; accepted values are %s (on) or %s (off), "
-            "case-insensitive; reading it as off" % (variable, raw, "/".join(TRUE_VALUES), "/".join(v for v in FALSE_VALUES if v))
+            "case-insensitive; reading it as off"
+            % (variable, raw, "/".join(TRUE_VALUES), "/".join(v for v in FALSE_VALUES if v))
         )
     return False
 
@@ -99,8 +100,16 @@ def _disable(environ, problems):
         problems.append(
             "%s=%r is not understood (%s); accepted values are %s (all records off), %s (all on) or a "
             "comma-separated list of the records to turn off (%s), case-insensitive; turning every record off "
-            "to be safe" % (DISABLE, raw, ", ".join("%r is no record" % name for name in unknown),
-                            "/".join(TRUE_VALUES), "/".join(v for v in FALSE_VALUES if v), ", ".join(known)))
+            "to be safe"
+            % (
+                DISABLE,
+                raw,
+                ", ".join("%r is no record" % name for name in unknown),
+                "/".join(TRUE_VALUES),
+                "/".join(v for v in FALSE_VALUES if v),
+                ", ".join(known),
+            )
+        )
         return True, frozenset(), "%s=%r is not understood: every record is off, to be safe" % (DISABLE, raw)
     return False, frozenset(names), ""
 

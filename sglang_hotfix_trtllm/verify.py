@@ -34,12 +34,16 @@ def verify(hotfix, out, err):
     decision = engine.decide(hotfix, assessment, switches.read())
     if decision.action in ("disabled", "excluded"):
         # What a process does here is what matters: it would run SGLang's code unpatched.
-        out("NOT VERIFIED: record %s is turned off (%s); processes here run SGLang's code unpatched"
-            % (hotfix.name, decision.why))
+        out(
+            "NOT VERIFIED: record %s is turned off (%s); processes here run SGLang's code unpatched"
+            % (hotfix.name, decision.why)
+        )
         return EXIT_MISMATCH
     if hotfix.probe is None:
-        out("not verified here: record %s has no CPU probe (its proof: the differential tests on every affected "
-            "release and the GPU run, see the README)" % hotfix.name)
+        out(
+            "not verified here: record %s has no CPU probe (its proof: the differential tests on every affected "
+            "release and the GPU run, see the README)" % hotfix.name
+        )
         return EXIT_OK
     for name in ("torch", hotfix.module):
         try:
@@ -58,5 +62,9 @@ def verify(hotfix, out, err):
     for row in (header,) + report.rows:
         out("  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
     out(report.detail)
-    out("OK: the patched method equals upstream's fix" if report.patched_equals_upstream else "MISMATCH: the patched method differs from upstream's fix")
+    out(
+        "OK: the patched method equals upstream's fix"
+        if report.patched_equals_upstream
+        else "MISMATCH: the patched method differs from upstream's fix"
+    )
     return EXIT_OK if report.patched_equals_upstream else EXIT_MISMATCH

@@ -37,8 +37,8 @@ class Ran:
         self.returncode = completed.returncode
         self.stdout = completed.stdout
         self.stderr = completed.stderr
-        lines = [l for l in completed.stdout.splitlines() if l.startswith("RESULT:")]
-        self.result = json.loads(lines[-1][len("RESULT:"):]) if lines else None
+        lines = [line for line in completed.stdout.splitlines() if line.startswith("RESULT:")]
+        self.result = json.loads(lines[-1][len("RESULT:") :]) if lines else None
 
     def hotfix_lines(self, record="pr26521"):
         """The hotfix's lines on stderr, without those naming another record's
@@ -46,7 +46,11 @@ class Ran:
         from sglang_hotfix_trtllm.records import catalog
 
         others = [h.target for h in catalog.HOTFIXES if record is not None and h.name != record]
-        return [l for l in self.stderr.splitlines() if "sglang-hotfix-trtllm" in l and not any(t in l for t in others)]
+        return [
+            line
+            for line in self.stderr.splitlines()
+            if "sglang-hotfix-trtllm" in line and not any(t in line for t in others)
+        ]
 
     def __repr__(self):
         return "rc=%s\nstdout:\n%s\nstderr:\n%s" % (self.returncode, self.stdout[-3000:], self.stderr[-3000:])
@@ -54,8 +58,12 @@ class Ran:
 
 def run_python(args, cwd, env=None, timeout=600):
     completed = subprocess.run(
-        [sys.executable] + list(args), cwd=str(cwd), env=env or clean_env(),
-        capture_output=True, text=True, timeout=timeout,
+        [sys.executable] + list(args),
+        cwd=str(cwd),
+        env=env or clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     return Ran(completed)
 
@@ -125,9 +133,21 @@ def sglang_release():
         marker = target / ".complete"
         if not marker.exists():
             subprocess.run(
-                [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
-                 "--target", str(target), "--upgrade", "sglang==" + version],
-                check=True, timeout=600,
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "--no-deps",
+                    "--no-compile",
+                    "--target",
+                    str(target),
+                    "--upgrade",
+                    "sglang==" + version,
+                ],
+                check=True,
+                timeout=600,
             )
             marker.write_text(version)
         return target
@@ -141,7 +161,8 @@ def plugin_wheel(tmp_path_factory):
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(REPO)],
-        check=True, timeout=300,
+        check=True,
+        timeout=300,
     )
     (path,) = out.glob("sglang_hotfix_trtllm-*.whl")
     return path
@@ -168,6 +189,7 @@ def target_install(tmp_path_factory, plugin_wheel):
     folder = tmp_path_factory.mktemp("target") / "hotfix"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(folder), str(plugin_wheel)],
-        check=True, timeout=300,
+        check=True,
+        timeout=300,
     )
     return folder

@@ -20,13 +20,17 @@ def test_plain_process_imports_nothing_of_ours_and_prints_nothing(scenario):
 
 def test_the_shipped_pth_line_is_the_one_the_startup_module_writes():
     with open(os.path.join(REPO, "sglang_hotfix_trtllm.pth")) as shipped:
-        assert shipped.read() == autoload.pth_text(), "regenerate: python sglang_hotfix_trtllm_autoload.py > sglang_hotfix_trtllm.pth"
+        assert shipped.read() == autoload.pth_text(), (
+            "regenerate: python sglang_hotfix_trtllm_autoload.py > sglang_hotfix_trtllm.pth"
+        )
 
 
 def test_disabled_process_loads_nothing_of_the_hotfix_when_sglang_imports_the_backend(tmp_path):
-    code = ("import sys, sglang.srt.layers.attention.trtllm_mha_backend as b; print('RESULT:' + __import__('json').dumps("
-            "{'ours': sorted(m for m in sys.modules if m.startswith('sglang_hotfix_trtllm.')),"
-            " 'type': type(b.TRTLLMHAAttnBackend.__dict__['init_forward_metadata_capture_cuda_graph']).__name__}))")
+    code = (
+        "import sys, sglang.srt.layers.attention.trtllm_mha_backend as b; print('RESULT:' + __import__('json').dumps("
+        "{'ours': sorted(m for m in sys.modules if m.startswith('sglang_hotfix_trtllm.')),"
+        " 'type': type(b.TRTLLMHAAttnBackend.__dict__['init_forward_metadata_capture_cuda_graph']).__name__}))"
+    )
     ran = run_python(["-c", code], cwd=tmp_path, env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE="1"))
     assert ran.returncode == 0 and ran.hotfix_lines() == [], ran
     assert ran.result == {"ours": [], "type": "function"}
@@ -57,9 +61,11 @@ def test_broken_startup_module_costs_nothing_at_start_and_one_line_at_sglangs_im
     assert started.returncode == 0 and started.stdout == "alive\n" and started.stderr == "", started
     ran = scenario("describe", env=clean_env(PYTHONPATH=folder))
     assert ran.returncode == 0 and ran.result["attribute_type"] == "function", ran
-    assert ran.hotfix_lines() == ["sglang-hotfix-trtllm: startup module failed (ImportError('simulated broken install'));"
-                                  " sglang.srt.layers.attention.trtllm_mha_backend is imported unpatched. Reinstall"
-                                  " sglang-hotfix-trtllm or delete its .pth file"]
+    assert ran.hotfix_lines() == [
+        "sglang-hotfix-trtllm: startup module failed (ImportError('simulated broken install'));"
+        " sglang.srt.layers.attention.trtllm_mha_backend is imported unpatched. Reinstall"
+        " sglang-hotfix-trtllm or delete its .pth file"
+    ]
 
 
 def test_broken_engine_in_strict_mode_stops_the_import(tmp_path, scenario):

@@ -13,7 +13,9 @@ CLI = shutil.which("sglang-hotfix-trtllm", path=os.path.dirname(sys.executable))
 
 
 def status(*args, env=None):
-    return subprocess.run([CLI, "status"] + list(args), capture_output=True, text=True, env=env or clean_env(), timeout=60)
+    return subprocess.run(
+        [CLI, "status"] + list(args), capture_output=True, text=True, env=env or clean_env(), timeout=60
+    )
 
 
 def test_status_reports_affected_and_protected():
@@ -47,14 +49,22 @@ def test_status_of_unreadable_source_exits_2_with_one_line(tmp_path):
     ran = status("--source", str(path))
     assert ran.returncode == 2
     lines = ran.stderr.strip().splitlines()  # one per record
-    assert [l.split(": ")[1] for l in lines] == ["pr26521", "pr25103"] and all("unknown" in l for l in lines)
+    assert [line.split(": ")[1] for line in lines] == ["pr26521", "pr25103"] and all(
+        "unknown" in line for line in lines
+    )
 
 
 def test_status_does_not_import_sglang_or_torch(tmp_path):
     # It does import wrapt, as the import hook will before wrapping: whether
     # wrapt imports is part of the answer (see test_status_predicts_faults.py).
-    ran = subprocess.run([sys.executable, "-X", "importtime", "-m", "sglang_hotfix_trtllm", "status"],
-                         capture_output=True, text=True, env=clean_env(), cwd=tmp_path, timeout=60)
+    ran = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "sglang_hotfix_trtllm", "status"],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert ran.returncode == 0
     imported = [line.split("|")[-1].strip() for line in ran.stderr.splitlines() if line.startswith("import time:")]
     assert "sglang_hotfix_trtllm.status" in imported  # the check can see what it looks for
@@ -63,8 +73,14 @@ def test_status_does_not_import_sglang_or_torch(tmp_path):
 
 
 def test_python_m_status_matches_the_console_script(tmp_path):
-    ran = subprocess.run([sys.executable, "-m", "sglang_hotfix_trtllm", "status", "--json"], capture_output=True,
-                         text=True, env=clean_env(), cwd=tmp_path, timeout=60)
+    ran = subprocess.run(
+        [sys.executable, "-m", "sglang_hotfix_trtllm", "status", "--json"],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert ran.returncode == 0 and json.loads(ran.stdout) == json.loads(status("--json").stdout)
 
 
@@ -95,8 +111,14 @@ def test_status_exits_2_for_unknown_installed_code(tmp_path, installed_backend_s
 
 
 def test_status_when_sglang_is_absent(tmp_path, bare_python, target_install):
-    ran = subprocess.run([bare_python, "-m", "sglang_hotfix_trtllm", "status", "--json"], capture_output=True, text=True,
-                         env=clean_env(PYTHONPATH=str(target_install)), cwd=tmp_path, timeout=60)
+    ran = subprocess.run(
+        [bare_python, "-m", "sglang_hotfix_trtllm", "status", "--json"],
+        capture_output=True,
+        text=True,
+        env=clean_env(PYTHONPATH=str(target_install)),
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert ran.returncode == 0
     report = json.loads(ran.stdout)
     assert report["verdict"] == "not-applicable" and report["sglang_version"] is None
@@ -104,8 +126,14 @@ def test_status_when_sglang_is_absent(tmp_path, bare_python, target_install):
 
 def test_status_of_a_target_install_says_the_startup_file_is_inactive(tmp_path, target_install, venv_site_packages):
     # The interpreter is the test venv's, but the plugin imported is the --target copy.
-    ran = subprocess.run([sys.executable, "-s", "-m", "sglang_hotfix_trtllm", "status", "--json"], capture_output=True, text=True,
-                         env=clean_env(PYTHONPATH=str(target_install)), cwd=tmp_path, timeout=60)
+    ran = subprocess.run(
+        [sys.executable, "-s", "-m", "sglang_hotfix_trtllm", "status", "--json"],
+        capture_output=True,
+        text=True,
+        env=clean_env(PYTHONPATH=str(target_install)),
+        cwd=tmp_path,
+        timeout=60,
+    )
     report = json.loads(ran.stdout)
     assert report["plugin_location"] == str(target_install)
     assert report["startup_file_active"] is False

@@ -32,17 +32,23 @@ def test_garbage_switch_values_warn_strict_reads_off_and_disable_turns_everythin
     ran = scenario("describe", env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE="maybe", SGLANG_HOTFIX_TRTLLM_STRICT="\x01!"))
     assert ran.returncode == 0, ran
     assert ran.result["attribute_type"] == UNPATCHED  # the kill switch fails safe
-    warnings = [l for l in ran.hotfix_lines() if "WARNING" in l]
+    warnings = [line for line in ran.hotfix_lines() if "WARNING" in line]
     assert len(warnings) == 2
-    assert any("SGLANG_HOTFIX_TRTLLM_DISABLE='maybe' is not understood" in l for l in warnings)
-    assert all("accepted values are 1/true/yes/on" in l for l in warnings)
+    assert any("SGLANG_HOTFIX_TRTLLM_DISABLE='maybe' is not understood" in line for line in warnings)
+    assert all("accepted values are 1/true/yes/on" in line for line in warnings)
 
 
-@pytest.mark.parametrize("variant, level, words", [
-    (variants.fixed_source_text, "INFO", ("upstream already has the fix", "pip uninstall sglang-hotfix-trtllm")),
-    (variants.with_extra_write, "WARNING", ("code not recognised", "fingerprint ast1:")),
-], ids=["upstream-fixed-source-is-not-wrapped", "unknown-source-is-refused-with-a-warning"])
-def test_sources_not_patched_say_why_in_one_line(scenario, overlay_dir, installed_backend_source, variant, level, words):
+@pytest.mark.parametrize(
+    "variant, level, words",
+    [
+        (variants.fixed_source_text, "INFO", ("upstream already has the fix", "pip uninstall sglang-hotfix-trtllm")),
+        (variants.with_extra_write, "WARNING", ("code not recognised", "fingerprint ast1:")),
+    ],
+    ids=["upstream-fixed-source-is-not-wrapped", "unknown-source-is-refused-with-a-warning"],
+)
+def test_sources_not_patched_say_why_in_one_line(
+    scenario, overlay_dir, installed_backend_source, variant, level, words
+):
     ran = scenario("overlay", overlay_dir(variant(installed_backend_source)))
     assert ran.returncode == 0, ran
     assert ran.result["attribute_type"] == UNPATCHED

@@ -21,17 +21,22 @@ DISABLED = {"SGLANG_HOTFIX_TRTLLM_DISABLE": "1"}
 def fault(tmp_path):
     def run(name, *args, env=None):
         return run_python([str(SUPPORT / "fault_scenarios.py"), name] + list(args), cwd=tmp_path, env=env)
+
     return run
 
 
 def warnings_of(ran):
-    return [l for l in ran.hotfix_lines() if "WARNING" in l]
+    return [line for line in ran.hotfix_lines() if "WARNING" in line]
 
 
 # --- missing or broken dependencies -----------------------------------------
 
-@pytest.mark.parametrize("stub", ["raise ImportError('simulated: wrapt is not installed')",
-                                  "raise RuntimeError('simulated: wrapt is broken')"], ids=["missing", "failing"])
+
+@pytest.mark.parametrize(
+    "stub",
+    ["raise ImportError('simulated: wrapt is not installed')", "raise RuntimeError('simulated: wrapt is broken')"],
+    ids=["missing", "failing"],
+)
 def test_wrapt_missing_or_failing_leaves_sglang_unpatched_and_running(scenario, tmp_path, stub):
     ran = scenario("describe", env=clean_env(PYTHONPATH=shadow(tmp_path, "wrapt", stub)))
     assert ran.returncode == 0, ran
@@ -47,13 +52,25 @@ def test_wrapt_missing_in_strict_mode_stops_the_import(scenario, tmp_path):
 
 
 def test_sglang_missing_apply_and_status_are_quiet(tmp_path, bare_python, target_install):
-    code = "import sglang_hotfix_trtllm as h; print('RESULT:' + __import__('json').dumps({'armed': h.apply(), 'removed': h.remove()}))"
-    ran = Ran(subprocess.run([bare_python, "-c", code], capture_output=True, text=True, cwd=tmp_path,
-                             env=clean_env(PYTHONPATH=str(target_install)), timeout=60))
+    code = (
+        "import sglang_hotfix_trtllm as h;"
+        " print('RESULT:' + __import__('json').dumps({'armed': h.apply(), 'removed': h.remove()}))"
+    )
+    ran = Ran(
+        subprocess.run(
+            [bare_python, "-c", code],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=clean_env(PYTHONPATH=str(target_install)),
+            timeout=60,
+        )
+    )
     assert ran.returncode == 0 and ran.result == {"armed": True, "removed": 0} and ran.stderr == ""
 
 
 # --- the backend source -------------------------------------------------------
+
 
 def test_sourceless_backend_is_refused(scenario, tmp_path, installed_backend_source):
     folder = tmp_path / "overlay"
@@ -100,6 +117,7 @@ def test_method_replaced_by_someone_else_is_left_alone(fault):
 
 # --- versions and metadata ---------------------------------------------------
 
+
 def fake_install(root, backend_text, version):
     """An SGLang folder with a real backend source and, unless version is None, its metadata."""
     target = root / "sglang" / "srt" / "layers" / "attention"
@@ -113,20 +131,36 @@ def fake_install(root, backend_text, version):
     return root
 
 
-@pytest.mark.parametrize("version", ["0.5.12.dev0", "0.5.12+cu128", "0.5.12.post1", "0.5.13.dev12+g1a2b3c4", "not-a-version", None])
+@pytest.mark.parametrize(
+    "version", ["0.5.12.dev0", "0.5.12+cu128", "0.5.12.post1", "0.5.13.dev12+g1a2b3c4", "not-a-version", None]
+)
 def test_odd_or_missing_versions_do_not_change_the_verdict(tmp_path, installed_backend_source, version):
     root = fake_install(tmp_path / "site", installed_backend_source, version)
-    ran = subprocess.run([sys.executable, "-m", "sglang_hotfix_trtllm", "status", "--json"], capture_output=True, text=True,
-                         cwd=tmp_path, env=clean_env(PYTHONPATH=str(root)), timeout=60)
+    ran = subprocess.run(
+        [sys.executable, "-m", "sglang_hotfix_trtllm", "status", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=clean_env(PYTHONPATH=str(root)),
+        timeout=60,
+    )
     report = json.loads(ran.stdout)
     assert ran.returncode == 0 and report["verdict"] == "affected"
     assert report["sglang_version"] == version
 
 
 def test_source_fixed_on_main_with_an_old_version_string_is_fixed(tmp_path, installed_backend_source):
-    root = fake_install(tmp_path / "site", variants.fixed_source_text(installed_backend_source), "0.5.12.dev300+g9f8e7d6")
-    ran = subprocess.run([sys.executable, "-m", "sglang_hotfix_trtllm", "status", "--json"], capture_output=True, text=True,
-                         cwd=tmp_path, env=clean_env(PYTHONPATH=str(root)), timeout=60)
+    root = fake_install(
+        tmp_path / "site", variants.fixed_source_text(installed_backend_source), "0.5.12.dev300+g9f8e7d6"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-m", "sglang_hotfix_trtllm", "status", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=clean_env(PYTHONPATH=str(root)),
+        timeout=60,
+    )
     assert json.loads(ran.stdout)["verdict"] == "fixed" and ran.returncode == 0
 
 
@@ -136,8 +170,19 @@ GARBAGE = ["", " ", "2", "-1", "yes please", "TRUE ", "\u00fc\u00df", "1" * 1000
 
 
 # The values README's Switches table documents, and whether each is understood.
-UNDERSTOOD = {"": True, " ": True, "2": False, "-1": False, "yes please": False, "TRUE ": True, "\u00fc\u00df": False,
-              "1" * 10000: False, "0x1": False, "None": False, "on;rm -rf /": False}
+UNDERSTOOD = {
+    "": True,
+    " ": True,
+    "2": False,
+    "-1": False,
+    "yes please": False,
+    "TRUE ": True,
+    "\u00fc\u00df": False,
+    "1" * 10000: False,
+    "0x1": False,
+    "None": False,
+    "on;rm -rf /": False,
+}
 
 
 @pytest.mark.parametrize("value", GARBAGE, ids=lambda v: repr(v)[:20])
@@ -161,14 +206,21 @@ def test_garbage_in_sglang_plugins_is_parsed_as_sglang_does(value):
 
 
 def test_every_variable_garbage_at_once_turns_the_hotfix_off_safely(scenario):
-    ran = scenario("describe", env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE="\u00fc", SGLANG_HOTFIX_TRTLLM_STRICT="2",
-                                            SGLANG_PLUGINS="sglang_hotfix_trtllm,,,\t"))
+    ran = scenario(
+        "describe",
+        env=clean_env(
+            SGLANG_HOTFIX_TRTLLM_DISABLE="\u00fc",
+            SGLANG_HOTFIX_TRTLLM_STRICT="2",
+            SGLANG_PLUGINS="sglang_hotfix_trtllm,,,\t",
+        ),
+    )
     assert ran.returncode == 0, ran
     assert ran.result["attribute_type"] == UNPATCHED
     assert len(warnings_of(ran)) == 2
 
 
 # --- import order, re-import, threads ----------------------------------------
+
 
 def test_module_imported_before_the_hook_is_patched_at_once(fault):
     ran = fault("imported_before_hook", env=clean_env(**DISABLED))
@@ -187,10 +239,11 @@ def test_concurrent_imports_wrap_exactly_once(fault):
     assert ran.returncode == 0, ran
     assert ran.result["errors"] == [] and ran.result["patched_records"] == 1
     assert ran.result["attribute_type"] == PATCHED and not ran.result["wrapped_is_wrapper"]
-    assert sum("INFO: patched" in l for l in ran.hotfix_lines()) == 1
+    assert sum("INFO: patched" in line for line in ran.hotfix_lines()) == 1
 
 
 # --- processes ----------------------------------------------------------------
+
 
 def test_fork_child_keeps_the_one_wrapper(fault):
     ran = fault("fork_child")
@@ -201,8 +254,10 @@ def test_fork_child_keeps_the_one_wrapper(fault):
 
 def test_python_dash_S_is_protected_by_an_explicit_apply(tmp_path, venv_site_packages):
     # `python -S` reads no .pth (README, Limits): there, `apply()` is the documented remedy.
-    code = ("import sys; sys.path[1:1] = [%r, %r]; import sglang_hotfix_trtllm as h; h.apply();"
-            " import scenarios; scenarios.describe()") % (str(SUPPORT), venv_site_packages)
+    code = (
+        "import sys; sys.path[1:1] = [%r, %r]; import sglang_hotfix_trtllm as h; h.apply();"
+        " import scenarios; scenarios.describe()"
+    ) % (str(SUPPORT), venv_site_packages)
     ran = run_python(["-S", "-c", code], cwd=tmp_path)
     assert ran.returncode == 0, ran
     assert ran.result["attribute_type"] == PATCHED
@@ -215,6 +270,7 @@ def test_python_dash_I_is_still_patched(tmp_path):
 
 
 # --- SGLang's HookRegistry -----------------------------------------------------
+
 
 @pytest.mark.parametrize("order", ["registry-first", "hotfix-first"])
 def test_sglang_hook_registry_on_the_same_method(fault, order):
@@ -234,7 +290,7 @@ def test_sglang_hook_registry_on_the_same_method(fault, order):
         assert r["mismatches"] == [] and r["patched"] is True
         assert r["unpatched_differs"] == {"draft_decode": 30, "idle_draft_decode": 30}
         assert r["restored"] == 2 and r["patched_after_remove"] is False and r["after_remove_top_is_same"]
-        assert any("turned off in place" in l for l in warnings_of(ran))
+        assert any("turned off in place" in line for line in warnings_of(ran))
 
 
 def test_many_apply_remove_cycles_do_not_grow(fault):
@@ -247,9 +303,13 @@ def test_many_apply_remove_cycles_do_not_grow(fault):
 
 # --- security -----------------------------------------------------------------
 
+
 def test_startup_reads_only_its_documented_variable_writes_nothing_opens_no_socket(tmp_path):
-    ran = run_python(["-S", str(SUPPORT / "fault_scenarios.py"), "audited_startup"], cwd=tmp_path,
-                     env=clean_env(SGLANG_PLUGINS="os:system", SGLANG_HOTFIX_TRTLLM_STRICT="__import__('os').system('x')"))
+    ran = run_python(
+        ["-S", str(SUPPORT / "fault_scenarios.py"), "audited_startup"],
+        cwd=tmp_path,
+        env=clean_env(SGLANG_PLUGINS="os:system", SGLANG_HOTFIX_TRTLLM_STRICT="__import__('os').system('x')"),
+    )
     assert ran.returncode == 0, ran
     r = ran.result
     assert r["armed"] is True

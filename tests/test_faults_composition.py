@@ -85,14 +85,31 @@ class Capture:
             for bs in (4, 1):
                 req_pool_indices, seq_lens = capture_harness.inputs(bs, seed=bs + step_id)
                 states = {}
-                for name, function in (("now", capture_harness.via_instance), ("oracle", self.oracle),
-                                       ("unpatched", self.original)):
+                for name, function in (
+                    ("now", capture_harness.via_instance),
+                    ("oracle", self.oracle),
+                    ("unpatched", self.original),
+                ):
                     backend = capture_harness.make_backend(self.cls, step_id)
-                    capture_harness.call(function, backend, bs, 1, req_pool_indices, seq_lens,
-                                         self.module.ForwardMode.DECODE, capture_harness.SPEC_INFO, "keyword")
+                    capture_harness.call(
+                        function,
+                        backend,
+                        bs,
+                        1,
+                        req_pool_indices,
+                        seq_lens,
+                        self.module.ForwardMode.DECODE,
+                        capture_harness.SPEC_INFO,
+                        "keyword",
+                    )
                     states[name] = capture_harness.snapshot(backend)
-                results.add("as-alone" if not capture_harness.differences(states["now"], states["oracle"]) else
-                            "unpatched" if not capture_harness.differences(states["now"], states["unpatched"]) else "other")
+                results.add(
+                    "as-alone"
+                    if not capture_harness.differences(states["now"], states["oracle"])
+                    else "unpatched"
+                    if not capture_harness.differences(states["now"], states["unpatched"])
+                    else "other"
+                )
         assert len(results) == 1, results
         return results.pop()
 
@@ -115,7 +132,9 @@ class SlidingWindowPool:
         """0.5.13 asks ``is_frozen_kv_mtp()``, which the enum of releases before 0.5.12 lacks."""
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-        return types.SimpleNamespace(**dict(vars(runner), spec_algorithm=SpeculativeAlgorithm[runner.spec_algorithm.name]))
+        return types.SimpleNamespace(
+            **dict(vars(runner), spec_algorithm=SpeculativeAlgorithm[runner.spec_algorithm.name])
+        )
 
     def outcome(self):
         """'as-alone' when every case resolves 0.5.13's pool, 'unpatched' when every
@@ -163,14 +182,18 @@ def _hook_registry(kind):
         }[kind]
         sys.modules[ALIAS] = record.module
         registry.HookRegistry.reset()
-        registry.HookRegistry.register("%s.%s.%s" % (ALIAS, record.cls.__name__, record.hotfix.method_name), hook, hook_type)
+        registry.HookRegistry.register(
+            "%s.%s.%s" % (ALIAS, record.cls.__name__, record.hotfix.method_name), hook, hook_type
+        )
         registry.HookRegistry.apply_hooks()
+
     return install
 
 
 def _wrapt_wrapper(record, registry):
-    wrapt.wrap_function_wrapper(record.cls, record.hotfix.method_name,
-                                lambda wrapped, instance, args, kwargs: wrapped(*args, **kwargs))
+    wrapt.wrap_function_wrapper(
+        record.cls, record.hotfix.method_name, lambda wrapped, instance, args, kwargs: wrapped(*args, **kwargs)
+    )
 
 
 def _functools_wraps(record, registry):
@@ -202,8 +225,13 @@ PATCHERS = {
     "plain_reassignment": _plain_reassignment,
 }
 # Patchers that call what they wrap: above the hotfix, the hotfix stays in force.
-CALL_THROUGH = {"hook_registry_before", "hook_registry_after", "hook_registry_around", "wrapt_function_wrapper",
-                "functools_wraps_decorator"}
+CALL_THROUGH = {
+    "hook_registry_before",
+    "hook_registry_after",
+    "hook_registry_around",
+    "wrapt_function_wrapper",
+    "functools_wraps_decorator",
+}
 
 
 def _warnings(lines):
@@ -283,7 +311,9 @@ class _Without:
         return getattr(self.__runner, name)
 
 
-@pytest.mark.parametrize("missing", ["token_to_kv_pool", "is_draft_worker", "spec_algorithm", "token_to_kv_pool_allocator"])
+@pytest.mark.parametrize(
+    "missing", ["token_to_kv_pool", "is_draft_worker", "spec_algorithm", "token_to_kv_pool_allocator"]
+)
 def test_pr25103_leaves_sglangs_pool_when_the_runner_lacks_what_the_repair_reads(missing, lines):
     target = SlidingWindowPool()
     world, runner = target.cases["eagle3_draft"]
@@ -336,8 +366,9 @@ def test_pr26521_writes_nothing_and_lets_sglang_speak_when_the_backend_lacks_wha
         backend = capture_harness.make_backend(target.cls, 0)
         delattr(backend, missing)
         try:
-            capture_harness.call(function, backend, 2, 1, req_pool_indices, seq_lens, forward_mode,
-                                 capture_harness.SPEC_INFO, "keyword")
+            capture_harness.call(
+                function, backend, 2, 1, req_pool_indices, seq_lens, forward_mode, capture_harness.SPEC_INFO, "keyword"
+            )
         except Exception as error:
             return type(error), str(error)
         return None
@@ -364,8 +395,9 @@ def test_pr26521_with_lengths_it_cannot_add_to_leaves_sglangs_capture_alone(line
     assert engine.handle(target.hotfix, target.module) == "patched"
     try:
         backend = capture_harness.make_backend(target.cls, 0)
-        backend.init_forward_metadata_capture_cuda_graph(2, 2, torch.arange(2), odd, None, forward_mode,
-                                                         capture_harness.SPEC_INFO)
+        backend.init_forward_metadata_capture_cuda_graph(
+            2, 2, torch.arange(2), odd, None, forward_mode, capture_harness.SPEC_INFO
+        )
     finally:
         patch.remove_all()
     assert capture_harness.differences(capture_harness.snapshot(backend), capture_harness.snapshot(alone)) == []

@@ -43,28 +43,51 @@ VARIANTS = {
     "pr25103_object_setattr": (pr25103, _in_a_method("object.__setattr__(self, name, None)")),
     "pr25103_vars_update": (pr25103, _in_a_method("vars(self).update(state)")),
     "pr25103_setattr_by_computed_name": (pr25103, _in_a_method("setattr(self, '_swa' + '_kv_pool', None)")),
-    "pr25103_property_in_class_body": (pr25103, _in_the_class_body(
-        "use_sliding_window_kv_pool = property(lambda self: True, lambda self, value: None)")),
-    "pr25103_property_def_in_class_body": (pr25103, _in_the_class_body(
-        "@property\n    def _swa_kv_pool(self):\n        return None")),
+    "pr25103_property_in_class_body": (
+        pr25103,
+        _in_the_class_body("use_sliding_window_kv_pool = property(lambda self: True, lambda self, value: None)"),
+    ),
+    "pr25103_property_def_in_class_body": (
+        pr25103,
+        _in_the_class_body("@property\n    def _swa_kv_pool(self):\n        return None"),
+    ),
     "pr25103_lambda_in_class_body": (pr25103, _in_the_class_body("peek = lambda self: self._swa_kv_pool")),
-    "pr25103_descriptor_stored_on_the_class": (pr25103, ("\nclass TRTLLMHAAttnMultiStepDraftBackend",
-                                                         "\nTRTLLMHAAttnBackend.use_sliding_window_kv_pool = property("
-                                                         "lambda self: True)\n\nclass TRTLLMHAAttnMultiStepDraftBackend")),
+    "pr25103_descriptor_stored_on_the_class": (
+        pr25103,
+        (
+            "\nclass TRTLLMHAAttnMultiStepDraftBackend",
+            "\nTRTLLMHAAttnBackend.use_sliding_window_kv_pool = property("
+            "lambda self: True)\n\nclass TRTLLMHAAttnMultiStepDraftBackend",
+        ),
+    ),
     "pr25103_global_rebinding_of_the_pool_class": (pr25103, _in_a_method("global SWAKVPool")),
-    "pr25103_helper_lost_its_flag_test": (pr25103, (HELPER_DOC + "        if not self.use_sliding_window_kv_pool:\n"
-                                                    "            return None\n", HELPER_DOC)),
-    "pr25103_getattr_protocol_defined": (pr25103, _in_the_class_body("def __getattr__(self, name):\n        return None")),
+    "pr25103_helper_lost_its_flag_test": (
+        pr25103,
+        (HELPER_DOC + "        if not self.use_sliding_window_kv_pool:\n            return None\n", HELPER_DOC),
+    ),
+    "pr25103_getattr_protocol_defined": (
+        pr25103,
+        _in_the_class_body("def __getattr__(self, name):\n        return None"),
+    ),
     # pr26521: the buffer table, the step id and the metadata field.
-    "pr26521_buffer_table_as_a_property": (pr26521, _in_the_class_body(
-        "decode_cuda_graph_metadata = property(lambda self: {})")),
+    "pr26521_buffer_table_as_a_property": (
+        pr26521,
+        _in_the_class_body("decode_cuda_graph_metadata = property(lambda self: {})"),
+    ),
     "pr26521_step_id_set_by_name": (pr26521, _in_a_method("setattr(self, 'speculative_step_id', 0)")),
-    "pr26521_metadata_field_as_a_property": (pr26521, _at_module_level(
-        "TRTLLMMHAMetadata.cache_seqlens_int32 = property(lambda self: None)")),
-    "pr26521_metadata_setattr_protocol": (pr26521, ("    swa_page_table: torch.Tensor = None\n",
-                                                    "    swa_page_table: torch.Tensor = None\n\n"
-                                                    "    def __setattr__(self, name, value):\n"
-                                                    "        object.__setattr__(self, name, value)\n")),
+    "pr26521_metadata_field_as_a_property": (
+        pr26521,
+        _at_module_level("TRTLLMMHAMetadata.cache_seqlens_int32 = property(lambda self: None)"),
+    ),
+    "pr26521_metadata_setattr_protocol": (
+        pr26521,
+        (
+            "    swa_page_table: torch.Tensor = None\n",
+            "    swa_page_table: torch.Tensor = None\n\n"
+            "    def __setattr__(self, name, value):\n"
+            "        object.__setattr__(self, name, value)\n",
+        ),
+    ),
 }
 
 
@@ -96,7 +119,8 @@ def test_upstreams_statement_overwritten_later_in_init_is_not_fixed():
     assert _verdict(pr25103, text).verdict is Verdict.FIXED
     statement = "        self._swa_kv_pool: Optional[SWAKVPool] = self._resolve_swa_kv_pool(model_runner)\n"
     assert text.count(statement) == 1
-    overwritten = text.replace(statement, statement + "        self._swa_kv_pool = "
-                                                      "model_runner.token_to_kv_pool_allocator.get_kvcache()\n")
+    overwritten = text.replace(
+        statement, statement + "        self._swa_kv_pool = model_runner.token_to_kv_pool_allocator.get_kvcache()\n"
+    )
     assessment = _verdict(pr25103, overwritten)
     assert assessment.verdict is Verdict.UNKNOWN, assessment.reason

@@ -35,7 +35,9 @@ def fault(name, *args, env=None, cwd):
 
 
 def status_json(env, cwd, *args):
-    ran = subprocess.run([CLI, "status", "--json"] + list(args), capture_output=True, text=True, env=env, cwd=cwd, timeout=60)
+    ran = subprocess.run(
+        [CLI, "status", "--json"] + list(args), capture_output=True, text=True, env=env, cwd=cwd, timeout=60
+    )
     return json.loads(ran.stdout), ran.returncode, ran.stderr
 
 
@@ -69,16 +71,17 @@ def shadow_wrapt(tmp_path, stub):
 
 # --- 1. status predicts what a new process does --------------------------------
 
+
 def _predicted_vs_actual(tmp_path, env):
     report, code, _ = status_json(env, tmp_path)
     ran = fault("describe_or_error", env=env, cwd=tmp_path)
     assert ran.result is not None, ran
     lines = ran.hotfix_lines()
-    if any("INFO: patched" in l for l in lines):
+    if any("INFO: patched" in line for line in lines):
         runtime_verdict = "affected"
-    elif any("upstream already has the fix" in l for l in lines):
+    elif any("upstream already has the fix" in line for line in lines):
         runtime_verdict = "fixed"
-    elif any("code not recognised" in l for l in lines):
+    elif any("code not recognised" in line for line in lines):
         runtime_verdict = "unknown"
     else:
         runtime_verdict = None  # refused with the verdict affected, or stood aside without a word
@@ -88,19 +91,39 @@ def _predicted_vs_actual(tmp_path, env):
 CASES = {
     # name: (environment maker, expected verdict, expected exit status)
     "nothing_wrong": (lambda t, c, o: {}, "affected", 0),
-    "wrapt_missing": (lambda t, c, o: {"PYTHONPATH": shadow_wrapt(t, "raise ImportError('simulated: no wrapt')")}, "affected", 2),
-    "wrapt_failing": (lambda t, c, o: {"PYTHONPATH": shadow_wrapt(t, "raise RuntimeError('simulated: wrapt broken')")}, "affected", 2),
+    "wrapt_missing": (
+        lambda t, c, o: {"PYTHONPATH": shadow_wrapt(t, "raise ImportError('simulated: no wrapt')")},
+        "affected",
+        2,
+    ),
+    "wrapt_failing": (
+        lambda t, c, o: {"PYTHONPATH": shadow_wrapt(t, "raise RuntimeError('simulated: wrapt broken')")},
+        "affected",
+        2,
+    ),
     "sourceless_backend": (lambda t, c, o: {"PYTHONPATH": str(c(sourceless=True))}, "unknown", 2),
     "disabled": (lambda t, c, o: {"SGLANG_HOTFIX_TRTLLM_DISABLE": "1"}, "affected", 1),
     "excluded_by_sglang_plugins": (lambda t, c, o: {"SGLANG_PLUGINS": "someone_else"}, "affected", 1),
-    "write_through_an_alias": (lambda t, c, o: {"PYTHONPATH": str(c(variants.with_extra_write(
-        o, variants.OTHER_WRITES["alias_of_view"])))}, "unknown", 2),
-    "method_defined_twice_buggy_last": (lambda t, c, o: {"PYTHONPATH": str(c(variants.with_method_defined_twice(
-        o, "buggy")))}, "affected", 0),
-    "class_defined_twice_fixed_last": (lambda t, c, o: {"PYTHONPATH": str(c(variants.with_class_defined_twice(
-        o, "fixed")))}, "fixed", 0),
-    "method_rebound_after_definition": (lambda t, c, o: {"PYTHONPATH": str(c(variants.REBINDINGS["method_rebound_in_class"](
-        o)))}, "unknown", 2),
+    "write_through_an_alias": (
+        lambda t, c, o: {"PYTHONPATH": str(c(variants.with_extra_write(o, variants.OTHER_WRITES["alias_of_view"])))},
+        "unknown",
+        2,
+    ),
+    "method_defined_twice_buggy_last": (
+        lambda t, c, o: {"PYTHONPATH": str(c(variants.with_method_defined_twice(o, "buggy")))},
+        "affected",
+        0,
+    ),
+    "class_defined_twice_fixed_last": (
+        lambda t, c, o: {"PYTHONPATH": str(c(variants.with_class_defined_twice(o, "fixed")))},
+        "fixed",
+        0,
+    ),
+    "method_rebound_after_definition": (
+        lambda t, c, o: {"PYTHONPATH": str(c(variants.REBINDINGS["method_rebound_in_class"](o)))},
+        "unknown",
+        2,
+    ),
 }
 
 
@@ -116,7 +139,7 @@ def test_status_predicts_what_a_new_process_does(case, tmp_path, sglang_copy, in
         assert runtime_verdict == report["verdict"], lines
     if not patched and verdict == "affected" and exit_status == 2:
         # Refused at run time: the line says why, and status said the same.
-        assert any("could not patch" in l for l in lines) and "wrapt" in report["would_patch_reason"]
+        assert any("could not patch" in line for line in lines) and "wrapt" in report["would_patch_reason"]
 
 
 def test_status_calls_a_zipped_sglang_unknown(tmp_path, installed_backend_source):
@@ -140,6 +163,7 @@ def test_status_on_a_sourceless_module_names_the_pyc(tmp_path, sglang_copy, inst
 
 
 # --- 2. the verdict describes the code Python runs -----------------------------
+
 
 def classify(text):
     return pr26521.classify(ast.parse(text))
@@ -187,25 +211,38 @@ def test_a_helper_on_the_path_that_writes_the_buffer_is_unknown(installed_backen
     assert classify(ast.unparse(ast.fix_missing_locations(tree))).verdict is Verdict.UNKNOWN
 
 
-def test_a_buggy_live_method_after_a_fixed_one_is_patched_and_logged_as_such(tmp_path, sglang_copy, installed_backend_source):
+def test_a_buggy_live_method_after_a_fixed_one_is_patched_and_logged_as_such(
+    tmp_path, sglang_copy, installed_backend_source
+):
     """Promise 2 at run time: the class holds the second `def`, and that is what is wrapped."""
     root = sglang_copy(variants.with_method_defined_twice(installed_backend_source, "buggy"))
     ran = fault("describe_or_error", env=clean_env(PYTHONPATH=str(root)), cwd=tmp_path)
     assert ran.result["attribute_type"] == PATCHED, ran
-    assert not any("can be removed" in l for l in ran.hotfix_lines())
+    assert not any("can be removed" in line for line in ran.hotfix_lines())
 
 
 # --- 3. the import hook is re-entrant-safe -------------------------------------
 
-@pytest.mark.parametrize("scenario", ["autoload_reloaded", "modules_purged_then_entry_point", "twin_finders_armed",
-                                      "finder_that_asks_find_spec", "odd_finder_on_meta_path"])
+
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        "autoload_reloaded",
+        "modules_purged_then_entry_point",
+        "twin_finders_armed",
+        "finder_that_asks_find_spec",
+        "odd_finder_on_meta_path",
+    ],
+)
 def test_the_import_hook_never_recurses(scenario, tmp_path):
     """Promise 3: a reloaded or twin finder, or a finder that asks importlib again, ends in one wrapper."""
     ran = fault(scenario, cwd=tmp_path)
     assert ran.returncode == 0, ran
     assert "error" not in ran.result, ran.result
-    assert ran.result["attribute_type"] == PATCHED and ran.result["records"] == 1 and not ran.result["wrapped_is_wrapper"]
-    assert sum("INFO: patched" in l for l in ran.hotfix_lines()) == 1
+    assert (
+        ran.result["attribute_type"] == PATCHED and ran.result["records"] == 1 and not ran.result["wrapped_is_wrapper"]
+    )
+    assert sum("INFO: patched" in line for line in ran.hotfix_lines()) == 1
 
 
 @pytest.mark.parametrize("state", ["blocked", "object", "dict", "fake_module"])
@@ -221,14 +258,19 @@ def test_odd_sys_modules_states_never_raise(state, tmp_path):
 
 # --- 4. start-up never harms the host ------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def stale_pth_python(tmp_path_factory, venv_site_packages):
     """A venv holding our startup file but not the package: an uninstall that left the .pth behind."""
     folder = tmp_path_factory.mktemp("stale") / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True, timeout=120)
     python = folder / "bin" / "python"
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     shutil.copy(os.path.join(venv_site_packages, "sglang_hotfix_trtllm.pth"), site)
     return str(python)
 
@@ -237,8 +279,15 @@ def _start(python, stderr_mode, tmp_path, env=None, code="print('alive')"):
     """Start `python -c CODE` with stderr open, closed, or a broken pipe."""
     env = env or clean_env()
     if stderr_mode == "closed":
-        completed = subprocess.run(["bash", "-c", 'exec 2>&-; exec "$0" -c "$1"', python, code], capture_output=False,
-                                   stdout=subprocess.PIPE, text=True, env=env, cwd=tmp_path, timeout=60)
+        completed = subprocess.run(
+            ["bash", "-c", 'exec 2>&-; exec "$0" -c "$1"', python, code],
+            capture_output=False,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=60,
+        )
         return completed.returncode, completed.stdout, None
     if stderr_mode == "broken_pipe_buffered":  # Python's default buffering of a piped stderr
         env = {k: v for k, v in env.items() if k != "PYTHONUNBUFFERED"}
@@ -247,8 +296,9 @@ def _start(python, stderr_mode, tmp_path, env=None, code="print('alive')"):
         read, write = os.pipe()
         os.close(read)
         try:
-            completed = subprocess.run([python, "-c", code], stdout=subprocess.PIPE, stderr=write, text=True, env=env,
-                                       cwd=tmp_path, timeout=60)
+            completed = subprocess.run(
+                [python, "-c", code], stdout=subprocess.PIPE, stderr=write, text=True, env=env, cwd=tmp_path, timeout=60
+            )
         finally:
             os.close(write)
         return completed.returncode, completed.stdout, None
@@ -296,8 +346,7 @@ def test_a_corrupt_startup_module_never_stops_python(tmp_path, stderr_mode, dama
     code, stdout, _ = _start(sys.executable, stderr_mode, tmp_path, env=clean_env(PYTHONPATH=folder))
     assert code == 0 and stdout == "alive\n"
     env = clean_env(PYTHONPATH=folder + os.pathsep + _watched_stand_in(tmp_path))
-    code, stdout, _ = _start(sys.executable, stderr_mode, tmp_path, env=env,
-                             code=WATCHED_IMPORT)
+    code, stdout, _ = _start(sys.executable, stderr_mode, tmp_path, env=env, code=WATCHED_IMPORT)
     assert code == 0 and stdout == "imported\n"
 
 
@@ -320,8 +369,8 @@ def test_log_lines_appear_exactly_once_whenever_the_host_configures_logging(tmp_
     """Promise 4: no line lost, none doubled, whether logging is configured before or after our first line."""
     ran = fault("logging_configured", when, cwd=tmp_path)
     assert ran.returncode == 0, ran
-    patched = [l for l in ran.stderr.splitlines() if "INFO: patched" in l]
-    removed = [l for l in ran.stderr.splitlines() if "INFO: removed" in l]
+    patched = [line for line in ran.stderr.splitlines() if "INFO: patched" in line]
+    removed = [line for line in ran.stderr.splitlines() if "INFO: removed" in line]
     assert len(patched) == 2 and len(removed) == 1, ran  # one line per record, one for the removal
     assert removed[0].startswith("HOST ")  # after the host's set-up, the host's handler shows our lines
     assert all(line.startswith("HOST ") == (when == "before") for line in patched)
@@ -333,8 +382,14 @@ PROBE = "import json, os, sys; print('RESULT:' + json.dumps({'path': sys.path, '
 
 
 def _probe(tmp_path, env, *launcher):
-    completed = subprocess.run(list(launcher) + [sys.executable, "-c", PROBE], capture_output=True, text=True, env=env,
-                               cwd=tmp_path, timeout=120)
+    completed = subprocess.run(
+        list(launcher) + [sys.executable, "-c", PROBE],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
     return Ran(completed)
 
 
@@ -342,7 +397,9 @@ def _bootstrap_entries(paths):
     return [p for p in paths if p.endswith(os.path.join("sglang_hotfix_trtllm", "bootstrap"))]
 
 
-@pytest.mark.parametrize("pythonpath", ["", "{a}", "{a}::{b}", ":{a}"], ids=["unset", "one", "with-empty-entry", "leading-empty"])
+@pytest.mark.parametrize(
+    "pythonpath", ["", "{a}", "{a}::{b}", ":{a}"], ids=["unset", "one", "with-empty-entry", "leading-empty"]
+)
 def test_run_adds_only_its_bootstrap_entry_to_sys_path(tmp_path, pythonpath):
     """Promise 5: the command's sys.path is the one it has without `run`, plus the bootstrap first."""
     (tmp_path / "a").mkdir()
@@ -392,13 +449,24 @@ def test_two_installs_bootstraps_chain_the_images_sitecustomize_once(tmp_path, i
     ran = _probe(tmp_path, env)
     assert ran.returncode == 0, ran
     assert ran.stderr.count("image sitecustomize ran") == 1, ran
-    second = subprocess.run([sys.executable, "-c", "import sglang_hotfix_trtllm.bootstrap.sitecustomize, sitecustomize;"
-                             "print('RESULT:' + __import__('json').dumps(sitecustomize.__file__))"],
-                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    second = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sglang_hotfix_trtllm.bootstrap.sitecustomize, sitecustomize;"
+            "print('RESULT:' + __import__('json').dumps(sitecustomize.__file__))",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert second.returncode == 0 and second.stderr.count("image sitecustomize ran") == 1, second.stderr
 
 
 # --- 6. the wrapper is invisible to callers ---------------------------------------
+
 
 def test_every_call_shape_equals_the_upstream_fix(tmp_path):
     """Promise 6: positional, keyword, self by keyword, partial, MethodType, super(): all as upstream's fix."""
@@ -421,13 +489,20 @@ def test_rejected_calls_raise_the_same_type_error_without_writing(tmp_path):
 
 # --- 7. the CLI's streams and exit statuses --------------------------------------
 
+
 @pytest.mark.parametrize("switches, expected", [({}, 0), ({"SGLANG_HOTFIX_TRTLLM_DISABLE": "1"}, 1)])
 def test_status_piped_into_head_keeps_its_exit_status(tmp_path, switches, expected):
     """Promise 7: when the reader of stdout is gone before status writes (`status | head` on a
     long report, here `| true`), pipefail sees status's own exit status and no traceback."""
     env = clean_env(**switches)
-    ran = subprocess.run(["bash", "-c", 'set -o pipefail; "$0" status | true', CLI], capture_output=True,
-                         text=True, env=env, cwd=tmp_path, timeout=60)
+    ran = subprocess.run(
+        ["bash", "-c", 'set -o pipefail; "$0" status | true', CLI],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert ran.returncode == expected and "Traceback" not in ran.stderr and "Exception" not in ran.stderr, ran.stderr
 
 
@@ -442,8 +517,14 @@ def test_status_json_with_stderr_closed_is_only_json(tmp_path, case, installed_b
         args, env = [], clean_env(SGLANG_HOTFIX_TRTLLM_STRICT="maybe")
     else:
         args, env = [], clean_env(PYTHONPATH=shadow_wrapt(tmp_path, "raise ImportError('simulated: no wrapt')"))
-    ran = subprocess.run(["bash", "-c", 'exec 2>&-; exec "$0" status --json "$@"', CLI] + args, stdout=subprocess.PIPE,
-                         text=True, env=env, cwd=tmp_path, timeout=60)
+    ran = subprocess.run(
+        ["bash", "-c", 'exec 2>&-; exec "$0" status --json "$@"', CLI] + args,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
     report = json.loads(ran.stdout)  # raises if anything else is there
     assert ran.returncode == (0 if case == "garbage_switches" else 2), report
 
@@ -452,6 +533,7 @@ def test_status_json_with_stderr_closed_is_only_json(tmp_path, case, installed_b
 # Cases of the second Trust round, each seen failing on 0.3.0 (the composition
 # and never-raise classes: test_faults_composition.py; allow-list routes:
 # test_faults_routes.py).
+
 
 def test_a_hotfix_line_into_a_broken_pipe_never_changes_pythons_exit_status(tmp_path):
     """Class 5: the hotfix's own warning (here: the watched name holds a stand-in, which is not
@@ -465,11 +547,13 @@ def test_a_hotfix_line_into_a_broken_pipe_never_changes_pythons_exit_status(tmp_
 
 def test_the_startup_finder_speaks_the_finder_protocol_by_keyword(tmp_path):
     """Class 6: find_spec(fullname, path=None, target=None), positionally or by keyword."""
-    code = ("import sys, json; f = sys.meta_path[0]; w = 'sglang.srt.layers.attention.trtllm_mha_backend';"
-            "calls = [f.find_spec('json', path=None), f.find_spec(fullname='json', path=None, target=None),"
-            " f.find_spec('json', None, None), f.find_spec(fullname=w, path=__import__(w[:w.rindex('.')], "
-            "fromlist=['x']).__path__)];"
-            "print('RESULT:' + json.dumps([c is None for c in calls] + [type(calls[3].loader).__name__]))")
+    code = (
+        "import sys, json; f = sys.meta_path[0]; w = 'sglang.srt.layers.attention.trtllm_mha_backend';"
+        "calls = [f.find_spec('json', path=None), f.find_spec(fullname='json', path=None, target=None),"
+        " f.find_spec('json', None, None), f.find_spec(fullname=w, path=__import__(w[:w.rindex('.')], "
+        "fromlist=['x']).__path__)];"
+        "print('RESULT:' + json.dumps([c is None for c in calls] + [type(calls[3].loader).__name__]))"
+    )
     ran = run_python(["-c", code], cwd=tmp_path, env=clean_env(PYTHONPATH=_watched_stand_in(tmp_path)))
     assert ran.returncode == 0, ran
     assert ran.result == [True, True, True, False, "PatchAfterExecLoader"]
@@ -479,8 +563,9 @@ APPLY_DURING_IMPORT = "import sglang_hotfix_trtllm\nARMED = sglang_hotfix_trtllm
 
 
 @pytest.mark.parametrize("armed_at_start", [True, False], ids=["pth_armed", "python_dash_S"])
-def test_apply_while_the_backend_is_still_executing_waits_for_its_import(tmp_path, sglang_copy, installed_backend_source,
-                                                                        venv_site_packages, armed_at_start):
+def test_apply_while_the_backend_is_still_executing_waits_for_its_import(
+    tmp_path, sglang_copy, installed_backend_source, venv_site_packages, armed_at_start
+):
     """Class 4: a module the backend imports calls apply(). The half-executed module is not
     judged (0.3.0: two false "could not patch" warnings; in strict mode the import stopped):
     once its import completes, both records are applied, once, without a warning."""
@@ -491,21 +576,26 @@ def test_apply_while_the_backend_is_still_executing_waits_for_its_import(tmp_pat
     helper.mkdir()
     (helper / "apply_during_import.py").write_text(APPLY_DURING_IMPORT)
     (helper / "imported_next.py").write_text("")  # what the host imports next (SGLang imports on)
-    check = ("import json, sys; import sglang.srt.layers.attention.trtllm_mha_backend as b; import imported_next;"
-             "d = b.TRTLLMHAAttnBackend.__dict__;"
-             "print('RESULT:' + json.dumps([type(d[m]).__name__ for m in "
-             "('init_forward_metadata_capture_cuda_graph', '__init__')]))")
+    check = (
+        "import json, sys; import sglang.srt.layers.attention.trtllm_mha_backend as b; import imported_next;"
+        "d = b.TRTLLMHAAttnBackend.__dict__;"
+        "print('RESULT:' + json.dumps([type(d[m]).__name__ for m in "
+        "('init_forward_metadata_capture_cuda_graph', '__init__')]))"
+    )
     if armed_at_start:
-        ran = run_python(["-c", check], cwd=tmp_path, env=clean_env(
-            PYTHONPATH=os.pathsep.join((str(helper), str(root))), SGLANG_HOTFIX_TRTLLM_STRICT="1"))
+        ran = run_python(
+            ["-c", check],
+            cwd=tmp_path,
+            env=clean_env(PYTHONPATH=os.pathsep.join((str(helper), str(root))), SGLANG_HOTFIX_TRTLLM_STRICT="1"),
+        )
     else:  # no .pth read: apply() arms the hook from inside the import
         prefix = "import sys; sys.path[1:1] = [%r, %r, %r]; " % (str(helper), str(root), venv_site_packages)
         ran = run_python(["-S", "-c", prefix + check], cwd=tmp_path, env=clean_env(SGLANG_HOTFIX_TRTLLM_STRICT="1"))
     assert ran.returncode == 0, ran
     assert ran.result == ["HotfixWrapper", "HotfixWrapper"]
     lines = ran.hotfix_lines(record=None)
-    assert [l for l in lines if "WARNING" in l] == [], lines
-    assert sum("INFO: patched" in l for l in lines) == 2, lines
+    assert [line for line in lines if "WARNING" in line] == [], lines
+    assert sum("INFO: patched" in line for line in lines) == 2, lines
 
 
 def _pr25103_unknown(text):
@@ -515,8 +605,9 @@ def _pr25103_unknown(text):
     return text.replace(old, "    def _peek(self):\n        return self._swa_kv_pool\n\n" + old)
 
 
-def test_a_disabled_record_with_unknown_code_is_off_in_status_and_in_the_process(tmp_path, sglang_copy,
-                                                                                 installed_backend_source):
+def test_a_disabled_record_with_unknown_code_is_off_in_status_and_in_the_process(
+    tmp_path, sglang_copy, installed_backend_source
+):
     """Class 7: the switch is read before any verdict is acted on: the process stands aside
     silently, and status says the record is off (exit 1, not the unknown-code error 2)."""
     root = sglang_copy(_pr25103_unknown(installed_backend_source))
@@ -527,7 +618,9 @@ def test_a_disabled_record_with_unknown_code_is_off_in_status_and_in_the_process
     assert "names pr25103" in pr25103_report["would_patch_reason"] and code == 1, (report, stderr)
     ran = fault("describe_or_error", env=env, cwd=tmp_path)
     assert ran.result["attribute_type"] == PATCHED  # pr26521, still on
-    assert ran.hotfix_lines(record="pr25103") == [l for l in ran.hotfix_lines(record="pr25103") if "init_forward" in l]
+    assert ran.hotfix_lines(record="pr25103") == [
+        line for line in ran.hotfix_lines(record="pr25103") if "init_forward" in line
+    ]
 
 
 def test_a_namespace_package_at_the_backends_name_is_not_applicable_in_status_and_in_the_process(tmp_path, sglang_copy):
@@ -541,8 +634,15 @@ def test_a_namespace_package_at_the_backends_name_is_not_applicable_in_status_an
     report, code, stderr = status_json(env, tmp_path)
     assert [r["verdict"] for r in report["hotfixes"]] == ["not-applicable", "not-applicable"] and code == 0, report
     assert "namespace package" in report["reason"]
-    ran = run_python(["-c", "import sglang.srt.layers.attention.trtllm_mha_backend as b, sglang_hotfix_trtllm as h;"
-                            "h.apply(); print('RESULT:' + str(b.__file__ is None).lower())"], cwd=tmp_path, env=env)
+    ran = run_python(
+        [
+            "-c",
+            "import sglang.srt.layers.attention.trtllm_mha_backend as b, sglang_hotfix_trtllm as h;"
+            "h.apply(); print('RESULT:' + str(b.__file__ is None).lower())",
+        ],
+        cwd=tmp_path,
+        env=env,
+    )
     assert ran.returncode == 0 and ran.result is True, ran
     assert ran.hotfix_lines(record=None) == []
 
@@ -550,17 +650,19 @@ def test_a_namespace_package_at_the_backends_name_is_not_applicable_in_status_an
 def test_a_finder_whose_unknown_attributes_raise_does_not_stop_the_startup_line(tmp_path, venv_site_packages):
     """Decided in round 2: another .pth's finder that raises from __getattr__ (0.3.0: the line
     failed, site printed a traceback, the hook stayed unarmed). The line is run as site runs it."""
-    code = ("import sys, json\n"
-            "class Hostile:\n"
-            "    def find_spec(self, fullname, path=None, target=None):\n"
-            "        return None\n"
-            "    def __getattr__(self, name):\n"
-            "        raise RuntimeError('hostile finder: ' + name)\n"
-            "sys.meta_path.insert(0, Hostile())\n"
-            "exec(open(%r).read(), {})\n"
-            "print('RESULT:' + json.dumps([getattr(f, 'sglang_hotfix_trtllm_finder', None) is True "
-            "for f in sys.meta_path if type(f).__name__ == 'function']))\n"
-            % os.path.join(venv_site_packages, "sglang_hotfix_trtllm.pth"))
+    code = (
+        "import sys, json\n"
+        "class Hostile:\n"
+        "    def find_spec(self, fullname, path=None, target=None):\n"
+        "        return None\n"
+        "    def __getattr__(self, name):\n"
+        "        raise RuntimeError('hostile finder: ' + name)\n"
+        "sys.meta_path.insert(0, Hostile())\n"
+        "exec(open(%r).read(), {})\n"
+        "print('RESULT:' + json.dumps([getattr(f, 'sglang_hotfix_trtllm_finder', None) is True "
+        "for f in sys.meta_path if type(f).__name__ == 'function']))\n"
+        % os.path.join(venv_site_packages, "sglang_hotfix_trtllm.pth")
+    )
     ran = run_python(["-S", "-c", code], cwd=tmp_path)
     assert ran.returncode == 0, ran
     assert ran.result == [True]

@@ -15,21 +15,41 @@ def launch(bare_python, target_install, venv_site_packages, tmp_path, *command, 
     env = clean_env(PYTHONPATH=os.pathsep.join([str(target_install)] + list(extra_path) + [venv_site_packages]))
     completed = subprocess.run(
         [bare_python, "-m", "sglang_hotfix_trtllm", "run", "--"] + list(command),
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     return Ran(completed)
 
 
 def test_without_the_launcher_nothing_is_patched(bare_python, target_install, venv_site_packages, tmp_path):
     env = clean_env(PYTHONPATH=os.pathsep.join([str(target_install), venv_site_packages]))
-    ran = Ran(subprocess.run([bare_python, str(SUPPORT / "scenarios.py"), "describe"], cwd=tmp_path, env=env,
-                             capture_output=True, text=True, timeout=600))
+    ran = Ran(
+        subprocess.run(
+            [bare_python, str(SUPPORT / "scenarios.py"), "describe"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    )
     assert ran.returncode == 0, ran
     assert ran.result["attribute_type"] == "function"
 
 
 def test_launcher_protects_command_and_its_spawned_children(bare_python, target_install, venv_site_packages, tmp_path):
-    ran = launch(bare_python, target_install, venv_site_packages, tmp_path, bare_python, str(SUPPORT / "scenarios.py"), "spawn_child")
+    ran = launch(
+        bare_python,
+        target_install,
+        venv_site_packages,
+        tmp_path,
+        bare_python,
+        str(SUPPORT / "scenarios.py"),
+        "spawn_child",
+    )
     assert ran.returncode == 0, ran
     assert ran.result["child"]["attribute_type"] == "HotfixWrapper"
     assert ran.result["child"]["module_file"].startswith(venv_site_packages)
@@ -39,20 +59,35 @@ def test_launcher_chains_to_the_images_own_sitecustomize(bare_python, target_ins
     image = tmp_path / "image"
     image.mkdir()
     (image / "sitecustomize.py").write_text("import os\nos.environ['IMAGE_SITECUSTOMIZE_RAN'] = 'yes'\n")
-    code = ("import os, sitecustomize; print('RESULT:' + __import__('json').dumps({'image': os.environ.get('IMAGE_SITECUSTOMIZE_RAN'),"
-            " 'armed': __import__('sglang_hotfix_trtllm_autoload').is_installed(), 'file': sitecustomize.__file__}))")
-    ran = launch(bare_python, target_install, venv_site_packages, tmp_path, bare_python, "-c", code, extra_path=[str(image)])
+    code = (
+        "import os, sitecustomize; print('RESULT:' + __import__('json').dumps("
+        "{'image': os.environ.get('IMAGE_SITECUSTOMIZE_RAN'),"
+        " 'armed': __import__('sglang_hotfix_trtllm_autoload').is_installed(), 'file': sitecustomize.__file__}))"
+    )
+    ran = launch(
+        bare_python, target_install, venv_site_packages, tmp_path, bare_python, "-c", code, extra_path=[str(image)]
+    )
     assert ran.returncode == 0, ran
     assert ran.result["image"] == "yes" and ran.result["armed"] is True
     assert ran.result["file"] == str(image / "sitecustomize.py")
 
 
-def test_launcher_with_existing_sitecustomize_still_patches_spawned_children(bare_python, target_install, venv_site_packages, tmp_path):
+def test_launcher_with_existing_sitecustomize_still_patches_spawned_children(
+    bare_python, target_install, venv_site_packages, tmp_path
+):
     image = tmp_path / "image"
     image.mkdir()
     (image / "sitecustomize.py").write_text("import sys\nsys.stderr.write('image sitecustomize ran\\n')\n")
-    ran = launch(bare_python, target_install, venv_site_packages, tmp_path, bare_python, str(SUPPORT / "scenarios.py"), "spawn_child",
-                 extra_path=[str(image)])
+    ran = launch(
+        bare_python,
+        target_install,
+        venv_site_packages,
+        tmp_path,
+        bare_python,
+        str(SUPPORT / "scenarios.py"),
+        "spawn_child",
+        extra_path=[str(image)],
+    )
     assert ran.returncode == 0, ran
     assert ran.result["child"]["attribute_type"] == "HotfixWrapper"
     # Once in `run` itself before it execs, then in the command and in each Python

@@ -5,8 +5,10 @@ real MultiProcessCollector, as SGLang's /metrics reads it."""
 
 from conftest import clean_env, run_python
 
-IMPORT = ("import sys, json; import sglang.srt.layers.attention.trtllm_mha_backend;"
-          "print('RESULT:' + json.dumps('prometheus_client' in sys.modules))")
+IMPORT = (
+    "import sys, json; import sglang.srt.layers.attention.trtllm_mha_backend;"
+    "print('RESULT:' + json.dumps('prometheus_client' in sys.modules))"
+)
 
 
 def scrape(folder):
@@ -15,7 +17,11 @@ def scrape(folder):
 
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(folder))
-    return [l for l in generate_latest(registry).decode().splitlines() if l.startswith("sglang_hotfix_trtllm_applied{")]
+    return [
+        line
+        for line in generate_latest(registry).decode().splitlines()
+        if line.startswith("sglang_hotfix_trtllm_applied{")
+    ]
 
 
 def test_each_applied_record_is_one_sample_of_the_gauge(tmp_path):
@@ -23,17 +29,22 @@ def test_each_applied_record_is_one_sample_of_the_gauge(tmp_path):
     folder.mkdir()
     ran = run_python(["-c", IMPORT], cwd=tmp_path, env=clean_env(PROMETHEUS_MULTIPROC_DIR=str(folder)))
     assert ran.returncode == 0 and ran.result is True, ran
-    assert sorted(scrape(folder)) == sorted([
-        'sglang_hotfix_trtllm_applied{fingerprint="ast1:c88aa5e773a7e68a",record="pr25103",sglang_version="0.5.12"} 1.0',
-        'sglang_hotfix_trtllm_applied{fingerprint="ast1:e98e6b3d011e7ace",record="pr26521",sglang_version="0.5.12"} 1.0',
-    ])
+    assert sorted(scrape(folder)) == sorted(
+        [
+            'sglang_hotfix_trtllm_applied{fingerprint="ast1:c88aa5e773a7e68a",record="pr25103",sglang_version="0.5.12"} 1.0',  # noqa: E501 (verbatim data)
+            'sglang_hotfix_trtllm_applied{fingerprint="ast1:e98e6b3d011e7ace",record="pr26521",sglang_version="0.5.12"} 1.0',  # noqa: E501 (verbatim data)
+        ]
+    )
 
 
 def test_records_turned_off_write_no_sample_and_import_nothing(tmp_path):
     folder = tmp_path / "prometheus"
     folder.mkdir()
-    ran = run_python(["-c", IMPORT], cwd=tmp_path, env=clean_env(PROMETHEUS_MULTIPROC_DIR=str(folder),
-                                                                 SGLANG_HOTFIX_TRTLLM_DISABLE="1"))
+    ran = run_python(
+        ["-c", IMPORT],
+        cwd=tmp_path,
+        env=clean_env(PROMETHEUS_MULTIPROC_DIR=str(folder), SGLANG_HOTFIX_TRTLLM_DISABLE="1"),
+    )
     assert ran.returncode == 0 and ran.result is False, ran
     assert list(folder.iterdir()) == []
 
@@ -41,8 +52,10 @@ def test_records_turned_off_write_no_sample_and_import_nothing(tmp_path):
 def test_with_metrics_off_nothing_is_imported_or_written(tmp_path):
     """No PROMETHEUS_MULTIPROC_DIR: the engine's report is a no-op (a record applied, here the
     call the engine makes after patching, without SGLang)."""
-    code = ("import sys, json; from sglang_hotfix_trtllm import metrics; from sglang_hotfix_trtllm.records import pr26521;"
-            "written = metrics.report_applied(pr26521.HOTFIX, '0.5.12', 'ast1:x');"
-            "print('RESULT:' + json.dumps([written, 'prometheus_client' in sys.modules]))")
+    code = (
+        "import sys, json; from sglang_hotfix_trtllm import metrics; from sglang_hotfix_trtllm.records import pr26521;"
+        "written = metrics.report_applied(pr26521.HOTFIX, '0.5.12', 'ast1:x');"
+        "print('RESULT:' + json.dumps([written, 'prometheus_client' in sys.modules]))"
+    )
     ran = run_python(["-c", code], cwd=tmp_path, env=clean_env())
     assert ran.returncode == 0 and ran.result == [False, False], ran

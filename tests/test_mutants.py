@@ -73,8 +73,13 @@ RECORDS = {
     ),
     "pr25103": dict(
         record=pr25103,
-        methods=("__init__", "_maybe_translate_swa", "_alloc_swa_page_table", "_get_layer_cache_loc",
-                 "_get_layer_page_table"),
+        methods=(
+            "__init__",
+            "_maybe_translate_swa",
+            "_alloc_swa_page_table",
+            "_get_layer_cache_loc",
+            "_get_layer_page_table",
+        ),
         writes={
             "pool_none": "self._swa_kv_pool = None",
             "flag_true": "self.use_sliding_window_kv_pool = True",
@@ -87,8 +92,11 @@ RECORDS = {
 # 0.5.3; pr25103: 403 on 0.5.12, 331 on 0.5.9), less a little: a generator that
 # silently stops mutating fails here.
 FLOORS = {
-    ("pr26521", INSTALLED): 350, ("pr26521", "0.5.1"): 300, ("pr26521", "0.5.3"): 300,
-    ("pr25103", INSTALLED): 390, ("pr25103", "0.5.9"): 320,
+    ("pr26521", INSTALLED): 350,
+    ("pr26521", "0.5.1"): 300,
+    ("pr26521", "0.5.3"): 300,
+    ("pr25103", INSTALLED): 390,
+    ("pr25103", "0.5.9"): 320,
 }
 
 
@@ -216,7 +224,11 @@ def _paths(a, b, path=""):
     if isinstance(a, dict) and isinstance(b, dict):
         out = []
         for key in sorted(set(a) | set(b)):
-            out.extend(["%s/%s missing on one side" % (path, key)] if key not in a or key not in b else _paths(a[key], b[key], "%s/%s" % (path, key)))
+            out.extend(
+                ["%s/%s missing on one side" % (path, key)]
+                if key not in a or key not in b
+                else _paths(a[key], b[key], "%s/%s" % (path, key))
+            )
         return out
     return [] if _same(a, b) else [path]
 
@@ -224,6 +236,7 @@ def _paths(a, b, path=""):
 def _capture_difference(cls, forward_mode_cls, oracle):
     """The capture harness's sequences, through the instance and through the
     class, against the oracle; the first difference in words, or None."""
+
     def through_class(backend, *args, **kwargs):
         return cls.init_forward_metadata_capture_cuda_graph(backend, *args, **kwargs)
 
@@ -235,15 +248,33 @@ def _capture_difference(cls, forward_mode_cls, oracle):
                     backends = {name: _capture_backend(cls, step_id, swa) for name in functions}
                     for bs in (8, 5, 3, 2, 1):
                         req_pool_indices, seq_lens = capture_harness.inputs(bs, seed=bs * 10 + step_id)
-                        outcomes = {name: _capture_outcome(functions[name], backends[name], bs, tokens, req_pool_indices,
-                                                           seq_lens, forward_mode, spec_info, style)
-                                    for name in functions}
+                        outcomes = {
+                            name: _capture_outcome(
+                                functions[name],
+                                backends[name],
+                                bs,
+                                tokens,
+                                req_pool_indices,
+                                seq_lens,
+                                forward_mode,
+                                spec_info,
+                                style,
+                            )
+                            for name in functions
+                        }
                         for name in ("patched", "class"):
                             if not _same(outcomes[name], outcomes["oracle"]):
                                 return "%s differs from the oracle (%s, step %d, bs %d, %s%s): %s; raised %s vs %s" % (
-                                    name, branch, step_id, bs, style, ", SWA page tables" if swa else "",
+                                    name,
+                                    branch,
+                                    step_id,
+                                    bs,
+                                    style,
+                                    ", SWA page tables" if swa else "",
                                     ", ".join(_paths(outcomes[name], outcomes["oracle"])[:3]),
-                                    outcomes[name]["raised"], outcomes["oracle"]["raised"])
+                                    outcomes[name]["raised"],
+                                    outcomes["oracle"]["raised"],
+                                )
     return None
 
 
@@ -253,8 +284,10 @@ def _capture_difference(cls, forward_mode_cls, oracle):
 ORACLE_RESOLVER = "_UPSTREAM_RESOLVE_SWA_KV_POOL"
 # Upstream's resolution, for the three allocator statements: the pool 0.5.13
 # resolves; the flag is what 0.5.13's helpers ask instead of it (`_swa_kv_pool is None`).
-ORACLE_RESOLUTION = ("self._swa_kv_pool = %s(model_runner)\n"
-                     "self.use_sliding_window_kv_pool = self._swa_kv_pool is not None" % ORACLE_RESOLVER)
+ORACLE_RESOLUTION = (
+    "self._swa_kv_pool = %s(model_runner)\n"
+    "self.use_sliding_window_kv_pool = self._swa_kv_pool is not None" % ORACLE_RESOLVER
+)
 SWA_ATTRIBUTES = ("use_sliding_window_kv_pool", "_swa_kv_pool")
 
 
@@ -268,9 +301,15 @@ def allocator_resolution(text):
     statements of ``__init__`` that use the local ``allocator`` or the two
     attributes (read off the release, not copied from it, nor from the plugin)."""
     body = _init_body(ast.parse(text))
-    found = [i for i, s in enumerate(body) if any(
-        (isinstance(n, ast.Name) and n.id == "allocator") or (isinstance(n, ast.Attribute) and n.attr in SWA_ATTRIBUTES)
-        for n in ast.walk(s))]
+    found = [
+        i
+        for i, s in enumerate(body)
+        if any(
+            (isinstance(n, ast.Name) and n.id == "allocator")
+            or (isinstance(n, ast.Attribute) and n.attr in SWA_ATTRIBUTES)
+            for n in ast.walk(s)
+        )
+    ]
     assert len(found) == 3 and found == list(range(found[0], found[0] + 3)), found
     return tuple(ast.unparse(body[i]) for i in found)
 
@@ -301,10 +340,10 @@ class PoolRepair:
         body = _init_body(tree)
         texts = [ast.unparse(s) for s in body]
         n = len(self.resolution)
-        starts = [i for i in range(len(texts)) if tuple(texts[i:i + n]) == self.resolution]
+        starts = [i for i in range(len(texts)) if tuple(texts[i : i + n]) == self.resolution]
         if len(starts) != 1:
             return None
-        body[starts[0]:starts[0] + n] = ast.parse(ORACLE_RESOLUTION).body
+        body[starts[0] : starts[0] + n] = ast.parse(ORACLE_RESOLUTION).body
         return ast.unparse(ast.fix_missing_locations(tree))
 
     def check(self, index, text, patched=True):
@@ -312,12 +351,16 @@ class PoolRepair:
         if oracle_text is None:
             return "no oracle: upstream's change does not apply (the allocator statements are not there once, in order)"
         try:
-            oracle_module = swa_cases.load_backend_module(_write(self.tmp / ("oracle%d" % index), oracle_text).parents[4])
+            oracle_module = swa_cases.load_backend_module(
+                _write(self.tmp / ("oracle%d" % index), oracle_text).parents[4]
+            )
             module = swa_cases.load_backend_module(_write(self.tmp / ("pool%d" % index), text).parents[4])
         except Exception as error:
             return "the mutated module does not load (%s)" % _error(error)
         upstream = self.upstream
-        oracle_module.__dict__[ORACLE_RESOLVER] = lambda runner: upstream._resolve_swa_kv_pool(_as_0_5_13_runs_it(runner))
+        oracle_module.__dict__[ORACLE_RESOLVER] = lambda runner: upstream._resolve_swa_kv_pool(
+            _as_0_5_13_runs_it(runner)
+        )
         cls, oracle_cls = module.TRTLLMHAAttnBackend, oracle_module.TRTLLMHAAttnBackend
         if patched:
             outcome = engine.handle(pr25103.HOTFIX, module)
@@ -361,9 +404,14 @@ def _pool_difference(got, want, cls, oracle_cls, world, runner):
         return "_swa_kv_pool %r vs %r" % (getattr(backend, "_swa_kv_pool", None), getattr(oracle, "_swa_kv_pool", None))
     if getattr(backend, "use_sliding_window_kv_pool", None) is not getattr(oracle, "use_sliding_window_kv_pool", None):
         return "use_sliding_window_kv_pool %r vs %r" % (
-            getattr(backend, "use_sliding_window_kv_pool", None), getattr(oracle, "use_sliding_window_kv_pool", None))
-    differing = sorted(k for k in set(state) | set(oracle_state)
-                       if k not in state or k not in oracle_state or not _same(state[k], oracle_state[k]))
+            getattr(backend, "use_sliding_window_kv_pool", None),
+            getattr(oracle, "use_sliding_window_kv_pool", None),
+        )
+    differing = sorted(
+        k
+        for k in set(state) | set(oracle_state)
+        if k not in state or k not in oracle_state or not _same(state[k], oracle_state[k])
+    )
     if differing:
         return "attributes differ: %s" % ", ".join(differing)
     if hasattr(cls, "_alloc_swa_page_table") or hasattr(oracle_cls, "_alloc_swa_page_table"):
@@ -374,7 +422,7 @@ def _pool_difference(got, want, cls, oracle_cls, world, runner):
     if reads[0][1] != reads[1][1]:
         return "reads raised %s vs %s" % (reads[0][1], reads[1][1])
     if reads[0][1] is None and not _same(reads[0][0], reads[1][0]):
-        layers = [l for l in reads[1][0] if not _same(reads[0][0].get(l), reads[1][0][l])]
+        layers = [line for line in reads[1][0] if not _same(reads[0][0].get(line), reads[1][0][line])]
         return "reads differ at layers %s" % layers
     return None
 
@@ -389,6 +437,7 @@ def release_source(installed_backend_path, installed_backend_source):
             return installed_backend_source, installed_backend_path.parents[4]
         root = release_selection.release_dir(release)
         return (root / isolated_release.BACKEND).read_text(encoding="utf-8"), root
+
     return get
 
 
@@ -397,13 +446,18 @@ def test_every_mutant_is_refused_or_repaired_exactly(name, release, release_sour
     spec = RECORDS[name]
     record = spec["record"]
     text, root = release_source(release)
-    label = "%s %s" % (name, release if release != INSTALLED else "installed SGLang %s" % importlib.metadata.version("sglang"))
+    label = "%s %s" % (
+        name,
+        release if release != INSTALLED else "installed SGLang %s" % importlib.metadata.version("sglang"),
+    )
     started = time.perf_counter()
 
     assert record.classify(ast.parse(text)).verdict is Verdict.AFFECTED, label
     repair = CaptureRepair(root, tmp_path, monkeypatch) if name == "pr26521" else PoolRepair(text, tmp_path)
     # The differential can fail: unpatched, the unmutated code is not upstream's.
-    assert repair.check(0, text, patched=False) is not None, "%s: the differential does not tell the bug from the fix" % label
+    assert repair.check(0, text, patched=False) is not None, (
+        "%s: the differential does not tell the bug from the fix" % label
+    )
     assert repair.check(0, text) is None, "%s: the unmutated source is not repaired exactly" % label
 
     generated = list(mutants.generate(text, CLASS_NAME, spec["methods"], spec["writes"]))
@@ -426,8 +480,16 @@ def test_every_mutant_is_refused_or_repaired_exactly(name, release, release_sour
             violations.append("%s\n      wrongly affected: %s" % (mutant.describe(), problem))
 
     summary = "%s: %d mutants: %s; %d affected ones repaired exactly; %d violations; %.1f s" % (
-        label, len(generated), ", ".join("%s %d" % (v.value, verdicts[v.value]) for v in Verdict), repaired,
-        len(violations), time.perf_counter() - started)
+        label,
+        len(generated),
+        ", ".join("%s %d" % (v.value, verdicts[v.value]) for v in Verdict),
+        repaired,
+        len(violations),
+        time.perf_counter() - started,
+    )
     print(summary)
     assert len(generated) >= FLOORS[(name, release)], summary
-    assert not violations, "%s\nmutants neither refused nor repaired exactly:\n  %s" % (summary, "\n  ".join(violations))
+    assert not violations, "%s\nmutants neither refused nor repaired exactly:\n  %s" % (
+        summary,
+        "\n  ".join(violations),
+    )

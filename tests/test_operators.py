@@ -18,17 +18,24 @@ CLI = shutil.which("sglang-hotfix-trtllm", path=os.path.dirname(sys.executable))
 
 
 def cli(*args, env=None, cwd=None):
-    return subprocess.run([CLI] + list(args), capture_output=True, text=True, env=env or clean_env(), cwd=cwd, timeout=120)
+    return subprocess.run(
+        [CLI] + list(args), capture_output=True, text=True, env=env or clean_env(), cwd=cwd, timeout=120
+    )
 
 
 # --- status: one actionable line, readable values, a format version ----------
+
 
 def test_human_status_opens_with_one_line_to_act_on():
     ran = cli("status")
     first = ran.stdout.splitlines()[0]
     assert ran.returncode == 0 and first.startswith("PROTECTED: SGLang 0.5.12 has the bug")
     ran = cli("status", env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE="1"))
-    assert ran.returncode == 1 and ran.stdout.startswith("NOT PROTECTED: ") and "SGLANG_HOTFIX_TRTLLM_DISABLE" in ran.stdout.splitlines()[0]
+    assert (
+        ran.returncode == 1
+        and ran.stdout.startswith("NOT PROTECTED: ")
+        and "SGLANG_HOTFIX_TRTLLM_DISABLE" in ran.stdout.splitlines()[0]
+    )
 
 
 def test_human_status_shows_no_python_reprs():
@@ -43,12 +50,15 @@ def test_json_status_carries_a_format_version():
 
 # --- status --source on files and folders ---------------------------------------
 
+
 @pytest.fixture
 def image_root(tmp_path, installed_backend_source):
     """An image-like tree: two SGLang installs (affected and fixed) and unrelated files."""
     root = tmp_path / "image"
-    for site, text in (("usr/lib/python3.12/site-packages", installed_backend_source),
-                       ("opt/sglang/python", variants.fixed_source_text(installed_backend_source))):
+    for site, text in (
+        ("usr/lib/python3.12/site-packages", installed_backend_source),
+        ("opt/sglang/python", variants.fixed_source_text(installed_backend_source)),
+    ):
         path = root / site / "sglang" / TARGET_RELATIVE
         path.parent.mkdir(parents=True)
         path.write_text(text)
@@ -92,6 +102,7 @@ def test_source_paths_that_cannot_be_examined_exit_3_with_their_own_message(tmp_
 
 # --- conventions ------------------------------------------------------------------
 
+
 def test_dash_V_works_like_version():
     assert cli("-V").stdout == cli("--version").stdout != ""
 
@@ -120,14 +131,32 @@ def test_allowlist_leaving_out_the_hotfix_on_affected_code_is_a_warning(scenario
 
 # --- the wheel ----------------------------------------------------------------------
 
+
 def test_a_stale_build_folder_does_not_reach_the_wheel(tmp_path):
     checkout = tmp_path / "checkout"
-    shutil.copytree(REPO, checkout, ignore=shutil.ignore_patterns(".venv", ".cache", ".git", ".whl", ".gpu", ".e2e", "build"))
+    shutil.copytree(
+        REPO, checkout, ignore=shutil.ignore_patterns(".venv", ".cache", ".git", ".whl", ".gpu", ".e2e", "build")
+    )
     stale = checkout / "build" / "lib" / "sglang_hotfix_trtllm"
     stale.mkdir(parents=True)
     (stale / "deleted_module.py").write_text("raise SystemExit('stale')\n")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(checkout)],
-                   check=True, timeout=300, cwd=tmp_path)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(checkout),
+        ],
+        check=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     (wheel,) = tmp_path.glob("sglang_hotfix_trtllm-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert not any("deleted_module" in n for n in names)
@@ -136,6 +165,7 @@ def test_a_stale_build_folder_does_not_reach_the_wheel(tmp_path):
 
 # --- offline install and run's precedence --------------------------------------------
 
+
 def test_offline_recipe_installs_with_no_index(tmp_path, plugin_wheel):
     """README's air-gapped recipe: fetch the wrapt wheel for the target's Python and
     platform ahead of time, then install both with --no-index."""
@@ -143,16 +173,44 @@ def test_offline_recipe_installs_with_no_index(tmp_path, plugin_wheel):
     wheels.mkdir()
     shutil.copy(plugin_wheel, wheels)
     version = "%d.%d" % sys.version_info[:2]
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
-                    version, "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64", "-d", str(wheels),
-                    "wrapt>=1.14"], check=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            version,
+            "--platform",
+            "manylinux2014_x86_64",
+            "--platform",
+            "manylinux_2_17_x86_64",
+            "-d",
+            str(wheels),
+            "wrapt>=1.14",
+        ],
+        check=True,
+        timeout=300,
+    )
     venv = tmp_path / "target-venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     python = str(venv / "bin" / "python")
-    subprocess.run([python, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheels), "sglang-hotfix-trtllm"],
-                   check=True, timeout=300)
-    ran = subprocess.run([python, "-m", "sglang_hotfix_trtllm", "status", "--json"], capture_output=True, text=True,
-                         env=clean_env(), cwd=tmp_path, timeout=60)
+    subprocess.run(
+        [python, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheels), "sglang-hotfix-trtllm"],
+        check=True,
+        timeout=300,
+    )
+    ran = subprocess.run(
+        [python, "-m", "sglang_hotfix_trtllm", "status", "--json"],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        cwd=tmp_path,
+        timeout=60,
+    )
     report = json.loads(ran.stdout)
     assert report["verdict"] == "not-applicable" and report["startup_file_active"] is True
 
@@ -161,13 +219,35 @@ def test_run_never_shadows_the_images_wrapt(tmp_path, bare_python, plugin_wheel,
     """A --target folder holding its own (older) wrapt, named on PYTHONPATH as the
     Kubernetes recipe does: under `run` the image's wrapt wins, and SGLang is patched with it."""
     target = tmp_path / "hotfix"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(plugin_wheel),
-                    "wrapt==1.17.2"], check=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(target),
+            str(plugin_wheel),
+            "wrapt==1.17.2",
+        ],
+        check=True,
+        timeout=300,
+    )
     env = clean_env(PYTHONPATH=os.pathsep.join([str(target), venv_site_packages]))
     probe = [bare_python, str(SUPPORT / "scenarios.py"), "wrapt_in_use"]
     plain = Ran(subprocess.run(probe, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600))
-    under_run = Ran(subprocess.run([bare_python, "-m", "sglang_hotfix_trtllm", "run", "--"] + probe, capture_output=True,
-                                   text=True, env=env, cwd=tmp_path, timeout=600))
+    under_run = Ran(
+        subprocess.run(
+            [bare_python, "-m", "sglang_hotfix_trtllm", "run", "--"] + probe,
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=600,
+        )
+    )
     assert plain.result["wrapt_file"].startswith(str(target))  # without run, PYTHONPATH order decides
     assert under_run.returncode == 0, under_run
     assert under_run.result["wrapt_file"].startswith(venv_site_packages), under_run.result
@@ -177,6 +257,7 @@ def test_run_never_shadows_the_images_wrapt(tmp_path, bare_python, plugin_wheel,
 
 # --- round 2: the kill switch fails safe; one headline; which processes are covered ---
 
+
 def _status(value):
     ran = cli("status", "--json", env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE=value))
     document = json.loads(ran.stdout)
@@ -185,10 +266,17 @@ def _status(value):
 
 # value -> (records off, understood)
 KILL_SWITCH_SHAPES = {
-    "": ((), True), "0": ((), True), "false": ((), True), "1": (("pr26521", "pr25103"), True),
-    "pr25103": (("pr25103",), True), " PR25103 , ": (("pr25103",), True), "pr25103,pr26521": (("pr26521", "pr25103"), True),
-    "1,pr25103": (("pr26521", "pr25103"), False), "pr25103,garbage": (("pr26521", "pr25103"), False),
-    "pr2510": (("pr26521", "pr25103"), False), "yes please": (("pr26521", "pr25103"), False),
+    "": ((), True),
+    "0": ((), True),
+    "false": ((), True),
+    "1": (("pr26521", "pr25103"), True),
+    "pr25103": (("pr25103",), True),
+    " PR25103 , ": (("pr25103",), True),
+    "pr25103,pr26521": (("pr26521", "pr25103"), True),
+    "1,pr25103": (("pr26521", "pr25103"), False),
+    "pr25103,garbage": (("pr26521", "pr25103"), False),
+    "pr2510": (("pr26521", "pr25103"), False),
+    "yes please": (("pr26521", "pr25103"), False),
 }
 
 
@@ -216,37 +304,53 @@ def test_a_process_agrees_with_status_on_a_kill_switch_it_does_not_understand(sc
     assert len(lines) == 1 and "WARNING" in lines[0] and "'garbage' is no record" in lines[0], lines
 
 
-@pytest.mark.parametrize("value, word, code", [("", "PROTECTED: ", 0), ("pr25103", "NOT PROTECTED: ", 1),
-                                              ("1", "NOT PROTECTED: ", 1)])
+@pytest.mark.parametrize(
+    "value, word, code", [("", "PROTECTED: ", 0), ("pr25103", "NOT PROTECTED: ", 1), ("1", "NOT PROTECTED: ", 1)]
+)
 def test_the_first_line_is_one_verdict_across_records_matching_the_exit_status(value, word, code):
     ran = cli("status", env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE=value))
     first = ran.stdout.splitlines()[0]
     assert ran.returncode == code and first.startswith(word), first
     # Each record's block follows, opened by a line naming the record.
-    assert [l.split(":")[0] for l in ran.stdout.splitlines() if l.startswith("record ")] == ["record pr26521",
-                                                                                              "record pr25103"]
+    assert [line.split(":")[0] for line in ran.stdout.splitlines() if line.startswith("record ")] == [
+        "record pr26521",
+        "record pr25103",
+    ]
 
 
-def test_with_only_the_plugin_loader_the_headline_says_which_processes_are_covered(tmp_path, bare_python, target_install,
-                                                                                   venv_site_packages):
+def test_with_only_the_plugin_loader_the_headline_says_which_processes_are_covered(
+    tmp_path, bare_python, target_install, venv_site_packages
+):
     """A --target install on PYTHONPATH (no .pth is read there, SGLang importable): only
     SGLang's plugin loader patches. The headline says so and names `run` for the rest."""
     env = clean_env(PYTHONPATH=os.pathsep.join((str(target_install), venv_site_packages)))
-    ran = subprocess.run([bare_python, "-m", "sglang_hotfix_trtllm", "status", "--json"], capture_output=True,
-                         text=True, cwd=tmp_path, timeout=120, env=env)
+    ran = subprocess.run(
+        [bare_python, "-m", "sglang_hotfix_trtllm", "status", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        env=env,
+    )
     document = json.loads(ran.stdout)
-    assert ran.returncode == 0 and {r["covered_processes"] for r in document["hotfixes"]} == {"sglang-plugin-loader-only"}
+    assert ran.returncode == 0 and {r["covered_processes"] for r in document["hotfixes"]} == {
+        "sglang-plugin-loader-only"
+    }
     assert "only processes started through SGLang's plugin loader" in document["headline"]
     assert "sglang-hotfix-trtllm run -- COMMAND" in document["headline"]
     # And it is true: a plain import there stays unpatched.
-    code = ("import sglang.srt.layers.attention.trtllm_mha_backend as b;"
-            "print('RESULT:' + __import__('json').dumps(type(b.TRTLLMHAAttnBackend.__dict__['__init__']).__name__))")
-    plain = Ran(subprocess.run([bare_python, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300,
-                               env=env))
+    code = (
+        "import sglang.srt.layers.attention.trtllm_mha_backend as b;"
+        "print('RESULT:' + __import__('json').dumps(type(b.TRTLLMHAAttnBackend.__dict__['__init__']).__name__))"
+    )
+    plain = Ran(
+        subprocess.run([bare_python, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300, env=env)
+    )
     assert plain.result == "function", plain
 
 
 # --- round 2: bad inputs get messages, never tracebacks ---------------------------
+
 
 def test_run_with_an_empty_command_name_says_so_and_exits_127():
     ran = cli("run", "--", "")
@@ -284,15 +388,17 @@ def test_a_folder_scan_with_an_unreadable_sub_folder_exits_3(image_root):
     root, who reads every folder: the permission error is injected where os.walk lists it."""
     locked = image_root / "locked"
     locked.mkdir()
-    code = ("import os, sys\n"
-            "real = os.scandir\n"
-            "def scandir(path='.'):\n"
-            "    if os.fspath(path) == %r:\n"
-            "        raise PermissionError(13, 'Permission denied', os.fspath(path))\n"
-            "    return real(path)\n"
-            "os.scandir = scandir\n"
-            "from sglang_hotfix_trtllm.cli import main\n"
-            "sys.exit(main(['status', '--source', %r, '--json']))\n" % (str(locked), str(image_root)))
+    code = (
+        "import os, sys\n"
+        "real = os.scandir\n"
+        "def scandir(path='.'):\n"
+        "    if os.fspath(path) == %r:\n"
+        "        raise PermissionError(13, 'Permission denied', os.fspath(path))\n"
+        "    return real(path)\n"
+        "os.scandir = scandir\n"
+        "from sglang_hotfix_trtllm.cli import main\n"
+        "sys.exit(main(['status', '--source', %r, '--json']))\n" % (str(locked), str(image_root))
+    )
     ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(), timeout=120)
     assert ran.returncode == 3 and ran.stdout == "", ran
     assert "cannot read folder %s: Permission denied" % locked in ran.stderr
@@ -308,35 +414,78 @@ def test_an_empty_backend_file_is_unknown_for_every_record(tmp_path):
     assert all("class TRTLLMHAAttnBackend not found" in r["reason"] for r in reports)
 
 
-def test_offline_init_container_recipe_installs_into_a_target_folder_with_the_network_cut(tmp_path, plugin_wheel,
-                                                                                        bare_python):
+def test_offline_init_container_recipe_installs_into_a_target_folder_with_the_network_cut(
+    tmp_path, plugin_wheel, bare_python
+):
     """README's offline Kubernetes variant: the wrapt wheel beside the plugin's, `--no-index
     --target`, every proxy pointed at a closed port; then `run` arms the hook in the command."""
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     shutil.copy(plugin_wheel, wheels)
     version = "%d.%d" % sys.version_info[:2]
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
-                    version, "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64", "-d", str(wheels),
-                    "wrapt>=1.14"], check=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            version,
+            "--platform",
+            "manylinux2014_x86_64",
+            "--platform",
+            "manylinux_2_17_x86_64",
+            "-d",
+            str(wheels),
+            "wrapt>=1.14",
+        ],
+        check=True,
+        timeout=300,
+    )
     cut = {name: "http://127.0.0.1:9" for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")}
     target = tmp_path / "opt-hotfix"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-cache-dir", "--no-index", "--find-links", str(wheels),
-                    "--target", str(target), "sglang-hotfix-trtllm"], check=True, timeout=300,
-                   env=clean_env(PIP_INDEX_URL="http://127.0.0.1:9/simple", **cut))
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-cache-dir",
+            "--no-index",
+            "--find-links",
+            str(wheels),
+            "--target",
+            str(target),
+            "sglang-hotfix-trtllm",
+        ],
+        check=True,
+        timeout=300,
+        env=clean_env(PIP_INDEX_URL="http://127.0.0.1:9/simple", **cut),
+    )
     assert (target / "wrapt").is_dir() and (target / "sglang_hotfix_trtllm").is_dir()
-    probe = ("import sys, json, sglang_hotfix_trtllm_autoload as a;"
-             "print('RESULT:' + json.dumps(a.is_installed()))")
-    ran = Ran(subprocess.run([bare_python, "-m", "sglang_hotfix_trtllm", "run", "--", bare_python, "-c", probe],
-                             capture_output=True, text=True, cwd=tmp_path, timeout=120,
-                             env=clean_env(PYTHONPATH=str(target))))
+    probe = "import sys, json, sglang_hotfix_trtllm_autoload as a;print('RESULT:' + json.dumps(a.is_installed()))"
+    ran = Ran(
+        subprocess.run(
+            [bare_python, "-m", "sglang_hotfix_trtllm", "run", "--", bare_python, "-c", probe],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=120,
+            env=clean_env(PYTHONPATH=str(target)),
+        )
+    )
     assert ran.returncode == 0 and ran.result is True, ran
 
 
 def test_pip_show_names_both_records(tmp_path):
-    summary = subprocess.run([sys.executable, "-m", "pip", "show", "sglang-hotfix-trtllm"], capture_output=True,
-                             text=True, timeout=120).stdout
-    line = next(l for l in summary.splitlines() if l.startswith("Summary:"))
+    summary = subprocess.run(
+        [sys.executable, "-m", "pip", "show", "sglang-hotfix-trtllm"], capture_output=True, text=True, timeout=120
+    ).stdout
+    line = next(line for line in summary.splitlines() if line.startswith("Summary:"))
     assert "pr26521" in line and "pr25103" in line
 
 

@@ -25,7 +25,7 @@ def test_startup_files_sit_at_the_wheel_root_and_in_record(wheel):
 
 def test_requires_wrapt_and_never_sglang_or_torch(wheel):
     metadata = _dist_file(wheel, "METADATA")
-    requires = [l.split(":", 1)[1].strip() for l in metadata.splitlines() if l.startswith("Requires-Dist:")]
+    requires = [line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
     assert [r.split(">")[0].split("=")[0].strip() for r in requires] == ["wrapt"]
     assert "Requires-Python: >=3.10" in metadata
 

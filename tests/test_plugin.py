@@ -10,7 +10,7 @@ def test_sglang_load_plugins_arms_the_hook_without_importing_the_backend(scenari
     # Startup module and entry point both ran again: still exactly one wrapper.
     assert r["after_both"]["attribute_type"] == "HotfixWrapper" and not r["after_both"]["wrapped_is_wrapper"]
     assert r["after_both"]["wrappers_in_class"] == ["__init__", "init_forward_metadata_capture_cuda_graph"]
-    assert sum("INFO: patched" in l for l in ran.hotfix_lines()) == 1
+    assert sum("INFO: patched" in line for line in ran.hotfix_lines()) == 1
 
 
 def test_spawned_child_is_patched(scenario):

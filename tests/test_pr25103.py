@@ -46,13 +46,19 @@ def test_shipped_table_gives_every_release_its_verdict():
     assert len(up_to_0_5_23) == 42
     assert {r: TABLE[r]["verdict"] for r in TABLE if TABLE[r]["verdict"] != expected_verdict(r).value} == {}
     assert sorted((r for r in up_to_0_5_23 if TABLE[r]["verdict"] == "affected"), key=Version) == [
-        "0.5.9", "0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1"]
+        "0.5.9",
+        "0.5.10",
+        "0.5.10.post1",
+        "0.5.11",
+        "0.5.12",
+        "0.5.12.post1",
+    ]
 
 
 def test_readme_table_is_what_the_scanner_writes():
     text = (REPO / "README.md").read_text(encoding="utf-8")
     begin, end = "<!-- releases:pr25103:begin -->", "<!-- releases:pr25103:end -->"
-    shown = text[text.index(begin) + len(begin):text.index(end)].strip()
+    shown = text[text.index(begin) + len(begin) : text.index(end)].strip()
     assert shown == scan_releases.readme_table(list(HOTFIX.known_fingerprints.rows))
 
 
@@ -96,8 +102,11 @@ def _same_reads(got, want, with_cache_loc):
 
 
 def _differs(got, want):
-    return any(not torch.equal(got[l]["page_table"], want[l]["page_table"]) or not swa_cases.same(got[l]["keys"], want[l]["keys"])
-               for l in want)
+    return any(
+        not torch.equal(got[layer]["page_table"], want[layer]["page_table"])
+        or not swa_cases.same(got[layer]["keys"], want[layer]["keys"])
+        for layer in want
+    )
 
 
 @pytest.mark.parametrize("release", AFFECTED)
@@ -141,20 +150,30 @@ def test_unpatched_eagle3_draft_reads_the_targets_sliding_window_slots():
     backend = module.TRTLLMHAAttnBackend(runner)
     assert backend._swa_kv_pool is world.target_pool and backend.use_sliding_window_kv_pool
     reads = swa_cases.reads(backend, module.TRTLLMHAAttnBackend, world, runner)[0]
-    true_slots = world.req_to_token[:, :max(swa_cases.REQUEST_LENGTHS)].to(torch.int64)
+    true_slots = world.req_to_token[:, : max(swa_cases.REQUEST_LENGTHS)].to(torch.int64)
     assert not torch.equal(reads["page_table"], true_slots)
 
 
 VARIANTS = {  # name -> (text in 0.5.12's file, what replaces it)
-    "helper_writes_flag": ('        """Allocate a SWA page_table buffer, or return None for non-SWA models."""\n',
-                           '        """Allocate a SWA page_table buffer, or return None for non-SWA models."""\n'
-                           "        self.use_sliding_window_kv_pool = True\n"),
-    "unknown_reader": ("    def _bind_swa_page_table(\n",
-                       "    def _peek(self):\n        return self._swa_kv_pool\n\n    def _bind_swa_page_table(\n"),
-    "reads_after_resolution": ("        # Forward metadata\n", "        self.keep = self._swa_kv_pool\n        # Forward metadata\n"),
+    "helper_writes_flag": (
+        '        """Allocate a SWA page_table buffer, or return None for non-SWA models."""\n',
+        '        """Allocate a SWA page_table buffer, or return None for non-SWA models."""\n'
+        "        self.use_sliding_window_kv_pool = True\n",
+    ),
+    "unknown_reader": (
+        "    def _bind_swa_page_table(\n",
+        "    def _peek(self):\n        return self._swa_kv_pool\n\n    def _bind_swa_page_table(\n",
+    ),
+    "reads_after_resolution": (
+        "        # Forward metadata\n",
+        "        self.keep = self._swa_kv_pool\n        # Forward metadata\n",
+    ),
     "signature": ("        speculative_step_id: int = 0,\n", "        speculative_step_id: int = 1,\n"),
-    "resolver_not_upstreams": ("    def _maybe_translate_swa(\n", "    @staticmethod\n    def _resolve_swa_kv_pool(model_runner):\n"
-                               "        return None\n\n    def _maybe_translate_swa(\n"),
+    "resolver_not_upstreams": (
+        "    def _maybe_translate_swa(\n",
+        "    @staticmethod\n    def _resolve_swa_kv_pool(model_runner):\n"
+        "        return None\n\n    def _maybe_translate_swa(\n",
+    ),
     "pool_class_rebound": ("\nlogger = ", "\nSWAKVPool = object\nlogger = "),
 }
 
@@ -180,13 +199,15 @@ def test_disable_switch_names_one_record():
 
 
 def test_one_record_disabled_in_a_real_process_leaves_the_other_applied(tmp_path):
-    code = ("import json, sglang.srt.layers.attention.trtllm_mha_backend as b; c = b.TRTLLMHAAttnBackend;"
-            " print('RESULT:' + json.dumps({n: type(c.__dict__[n]).__name__ for n in"
-            " ('__init__', 'init_forward_metadata_capture_cuda_graph')}))")
+    code = (
+        "import json, sglang.srt.layers.attention.trtllm_mha_backend as b; c = b.TRTLLMHAAttnBackend;"
+        " print('RESULT:' + json.dumps({n: type(c.__dict__[n]).__name__ for n in"
+        " ('__init__', 'init_forward_metadata_capture_cuda_graph')}))"
+    )
     ran = run_python(["-c", code], cwd=tmp_path, env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE="pr25103"))
     assert ran.returncode == 0, ran
     assert ran.result == {"__init__": "function", "init_forward_metadata_capture_cuda_graph": "HotfixWrapper"}
     ran = run_python(["-c", code], cwd=tmp_path, env=clean_env())
     assert ran.result == {"__init__": "HotfixWrapper", "init_forward_metadata_capture_cuda_graph": "HotfixWrapper"}
     lines = ran.hotfix_lines(record=None)
-    assert sum("INFO: patched %s" % h.target in l for h in catalog.HOTFIXES for l in lines) == 2, ran
+    assert sum("INFO: patched %s" % h.target in line for h in catalog.HOTFIXES for line in lines) == 2, ran

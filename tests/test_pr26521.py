@@ -27,7 +27,12 @@ def test_upstream_statement_inserted_is_fixed(installed_backend_source):
 
 @pytest.mark.parametrize(
     "variant",
-    [variants.with_renamed_key, variants.without_draft_branch, variants.with_extra_write, variants.with_write_after_use],
+    [
+        variants.with_renamed_key,
+        variants.without_draft_branch,
+        variants.with_extra_write,
+        variants.with_write_after_use,
+    ],
     ids=lambda f: f.__name__,
 )
 def test_unrecognised_variants_are_unknown(installed_backend_source, variant):
@@ -36,7 +41,9 @@ def test_unrecognised_variants_are_unknown(installed_backend_source, variant):
 
 
 def test_extra_write_after_upstream_fix_is_not_fixed(installed_backend_source):
-    text = variants.with_extra_write(variants.fixed_source_text(installed_backend_source), "metadata.cache_seqlens_int32.zero_()")
+    text = variants.with_extra_write(
+        variants.fixed_source_text(installed_backend_source), "metadata.cache_seqlens_int32.zero_()"
+    )
     assert classify(text).verdict is Verdict.UNKNOWN
 
 
@@ -47,8 +54,11 @@ def test_reformatting_keeps_verdict_and_fingerprint(installed_backend_source):
 
 
 def test_changed_signature_is_unknown(installed_backend_source):
-    text = installed_backend_source.replace("        spec_info: Optional[SpecInput],\n    ):\n        \"\"\"Initialize metadata for CUDA graph capture.",
-                                            "        spec_info: Optional[SpecInput] = None,\n    ):\n        \"\"\"Initialize metadata for CUDA graph capture.", 1)
+    text = installed_backend_source.replace(
+        '        spec_info: Optional[SpecInput],\n    ):\n        """Initialize metadata for CUDA graph capture.',
+        '        spec_info: Optional[SpecInput] = None,\n    ):\n        """Initialize metadata for CUDA graph capture.',  # noqa: E501 (verbatim data)
+        1,
+    )
     assert text != installed_backend_source
     assert classify(text).verdict is Verdict.UNKNOWN
 

@@ -8,7 +8,6 @@ fixed), or a comma-separated list. Fetched files are cached under
 ``.cache/releases`` (or ``$SGLANG_HOTFIX_TEST_CACHE/releases``).
 """
 
-
 import pytest
 from packaging.version import Version
 
@@ -56,7 +55,7 @@ def test_readme_compatibility_table_is_what_the_scanner_writes():
 
     text = (REPO / "README.md").read_text(encoding="utf-8")
     begin, end = "<!-- releases:%s:begin -->" % HOTFIX.name, "<!-- releases:%s:end -->" % HOTFIX.name
-    shown = text[text.index(begin) + len(begin):text.index(end)].strip()
+    shown = text[text.index(begin) + len(begin) : text.index(end)].strip()
     assert shown == scan_releases.readme_table(list(HOTFIX.known_fingerprints.rows))
     assert [h.name for h in scan_releases.records()] == ["pr26521", "pr25103"]
 
@@ -102,7 +101,12 @@ def test_hand_made_variants_of_release(release):
         return detect.assess_source(HOTFIX, "trtllm_mha_backend.py", text=source_text).verdict
 
     assert verdict(variants.fixed_source_text(text)) is Verdict.FIXED
-    for variant in (variants.with_renamed_key, variants.without_draft_branch, variants.with_extra_write, variants.with_write_after_use):
+    for variant in (
+        variants.with_renamed_key,
+        variants.without_draft_branch,
+        variants.with_extra_write,
+        variants.with_write_after_use,
+    ):
         assert verdict(variant(text)) is Verdict.UNKNOWN, variant.__name__
     # The live definition decides (Python binds the last one).
     for live, expected in (("buggy", Verdict.AFFECTED), ("fixed", Verdict.FIXED)):

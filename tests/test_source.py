@@ -60,11 +60,21 @@ def test_status_on_an_editable_sglang(tmp_path, checkout, plugin_wheel, mode):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps"]
-    subprocess.run(pip + ["--config-settings", "editable_mode=" + mode, "-e", str(checkout)],
-                   check=True, timeout=300, env=clean_env())
+    subprocess.run(
+        pip + ["--config-settings", "editable_mode=" + mode, "-e", str(checkout)],
+        check=True,
+        timeout=300,
+        env=clean_env(),
+    )
     subprocess.run(pip + [str(plugin_wheel)], check=True, timeout=300, env=clean_env())
-    ran = subprocess.run([str(venv / "bin" / "sglang-hotfix-trtllm"), "status", "--json"], capture_output=True, text=True,
-                         cwd=tmp_path, env=clean_env(), timeout=60)
+    ran = subprocess.run(
+        [str(venv / "bin" / "sglang-hotfix-trtllm"), "status", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=clean_env(),
+        timeout=60,
+    )
     report = json.loads(ran.stdout)
     assert report["sglang_install_kind"] == "editable"
     assert report["source_path"] == str(checkout / "sglang" / TARGET_RELATIVE)

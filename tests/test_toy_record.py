@@ -17,6 +17,7 @@ def toy_module(tmp_path):
         (package / "__init__.py").write_text("")
         (package / "toy_module.py").write_text(toy_record.module_source(method_source))
         return str(tmp_path / "toys")
+
     return write
 
 
@@ -36,7 +37,7 @@ def test_a_toy_record_is_applied_reported_and_removed(scenario, toy_module):
     # in this environment is affected and protected: 0).
     assert r["verdict"] == "affected" and r["would_patch"] is True and r["exit"] == 0
     assert r["restored"] == 1 and r["after_remove"] == 41
-    (line,) = [l for l in ran.hotfix_lines() if "INFO: patched" in l]
+    (line,) = [line for line in ran.hotfix_lines() if "INFO: patched" in line]
     assert "patched toy_pkg.toy_module.Counter.next_value" in line and "next_value now counts as toy PR #1 does" in line
 
 
@@ -45,4 +46,4 @@ def test_a_toy_module_that_has_the_fix_is_left_alone(scenario, toy_module):
     r = ran.result
     assert r["patched_value"] == 42 and r["wrapper_type"] == "function" and r["records"] == []
     assert r["verdict"] == "fixed" and r["exit"] == 0
-    assert any("upstream already has the fix" in l for l in ran.hotfix_lines())
+    assert any("upstream already has the fix" in line for line in ran.hotfix_lines())

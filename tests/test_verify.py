@@ -10,15 +10,21 @@ from conftest import clean_env, run_python
 
 
 def verify(tmp_path, env=None, python=sys.executable):
-    return subprocess.run([python, "-m", "sglang_hotfix_trtllm", "verify"], capture_output=True, text=True,
-                          env=env or clean_env(), cwd=tmp_path, timeout=600)
+    return subprocess.run(
+        [python, "-m", "sglang_hotfix_trtllm", "verify"],
+        capture_output=True,
+        text=True,
+        env=env or clean_env(),
+        cwd=tmp_path,
+        timeout=600,
+    )
 
 
 def test_verify_shows_unpatched_patched_and_upstream_and_exits_0(tmp_path):
     ran = verify(tmp_path)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     lines = ran.stdout.splitlines()
-    row = next(l for l in lines if l.strip().startswith("metadata.cache_seqlens_int32"))
+    row = next(line for line in lines if line.strip().startswith("metadata.cache_seqlens_int32"))
     # seq_lens [5, 9, 17], step 1: unpatched zeros; patched and upstream the lengths + 2
     assert row.split()[1:] == ["[0,", "0,", "0]", "[7,", "11,", "19]", "[7,", "11,", "19]"]
     assert "OK: the patched method equals upstream's fix" in ran.stdout
@@ -28,8 +34,8 @@ def test_verify_shows_unpatched_patched_and_upstream_and_exits_0(tmp_path):
 def test_verify_reports_a_record_turned_off_as_not_verified_and_exits_1(tmp_path, value, off):
     ran = verify(tmp_path, env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE=value))
     assert ran.returncode == 1, ran.stdout + ran.stderr
-    lines = [l for l in ran.stdout.splitlines() if l.startswith("NOT VERIFIED: record")]
-    assert [l.split()[3] for l in lines] == off
+    lines = [line for line in ran.stdout.splitlines() if line.startswith("NOT VERIFIED: record")]
+    assert [line.split()[3] for line in lines] == off
     assert ran.stdout.count("OK: the patched method equals upstream's fix") == 2 - len(off)
 
 
@@ -53,13 +59,13 @@ def _table(stdout, target):
     """The rows verify prints for the record of ``target``: field -> (unpatched, patched, upstream fix),
     split at the header's column positions (cells may hold spaces)."""
     lines = stdout.splitlines()
-    start = next(i for i, l in enumerate(lines) if l.startswith(target + ":"))
+    start = next(i for i, line in enumerate(lines) if line.startswith(target + ":"))
     header_at = next(i for i in range(start, len(lines)) if lines[i].startswith("  field "))
     header = lines[header_at]
     starts = [m.start() for m in re.finditer(r"(?<=  )\S", header)] + [None]  # columns are two spaces apart
     assert len(starts) == 5, header
     rows = {}
-    for line in lines[header_at + 1:]:
+    for line in lines[header_at + 1 :]:
         if not line.startswith("  "):
             break
         cells = [line[a:b].strip() for a, b in zip(starts, starts[1:])]

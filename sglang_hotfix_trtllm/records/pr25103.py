@@ -62,14 +62,15 @@ POOL_MODULE = "sglang.srt.mem_cache.swa_memory_pool"
 # The repair
 
 
-def _arguments(self, model_runner, skip_prefill=False, kv_indptr_buf=None, kv_last_page_len_buf=None,
-               speculative_step_id=0):
+def _arguments(
+    self, model_runner, skip_prefill=False, kv_indptr_buf=None, kv_last_page_len_buf=None, speculative_step_id=0
+):
     """Binds a call exactly as ``__init__``'s parameter list does (classify()
     demands that list, defaults included)."""
     return self, model_runner
 
 
-PARAMETERS = _arguments.__code__.co_varnames[1:_arguments.__code__.co_argcount]
+PARAMETERS = _arguments.__code__.co_varnames[1 : _arguments.__code__.co_argcount]
 DEFAULTS = tuple(repr(value) for value in _arguments.__defaults__)
 
 
@@ -136,8 +137,11 @@ RESOLVER_FINGERPRINTS = frozenset(("ast1:832677301bcac5e6",))
 
 def _touches(node):
     """(line, how) of every use of the two attributes under ``node``."""
-    return [(sub.lineno, type(sub.ctx).__name__) for sub in ast.walk(node)
-            if isinstance(sub, ast.Attribute) and sub.attr in ATTRIBUTES]
+    return [
+        (sub.lineno, type(sub.ctx).__name__)
+        for sub in ast.walk(node)
+        if isinstance(sub, ast.Attribute) and sub.attr in ATTRIBUTES
+    ]
 
 
 def _functions(tree):
@@ -161,8 +165,14 @@ def _functions(tree):
 def _pool_class_problem(tree):
     """None when the module binds ``SWAKVPool`` once, by importing it from SGLang's pool module."""
     bindings = [s for s in tree.body if detect._binds_directly(s, POOL_CLASS)]
-    imported = [s for s in bindings if isinstance(s, ast.ImportFrom) and s.module == POOL_MODULE and s.level == 0
-                and any(a.name == POOL_CLASS and a.asname is None for a in s.names)]
+    imported = [
+        s
+        for s in bindings
+        if isinstance(s, ast.ImportFrom)
+        and s.module == POOL_MODULE
+        and s.level == 0
+        and any(a.name == POOL_CLASS and a.asname is None for a in s.names)
+    ]
     if len(bindings) != 1 or len(imported) != 1:
         return "%s is not bound once, by `from %s import %s`" % (POOL_CLASS, POOL_MODULE, POOL_CLASS)
     if any(isinstance(s, detect._COMPOUND) and detect._nested_bindings(s, POOL_CLASS) for s in tree.body):
@@ -193,8 +203,11 @@ def classify(tree):
     method, problem = methods[METHOD_NAME]
     uses = [(function, owner, _touches(function)) for function, owner in _functions(tree)]
     if not any(found for _, _, found in uses) and not _touches(tree):
-        return Classification(Verdict.NOT_APPLICABLE, "this backend has no sliding-window KV pool handling "
-                              "(added in SGLang 0.5.9)", of_node(method if method is not None else tree))
+        return Classification(
+            Verdict.NOT_APPLICABLE,
+            "this backend has no sliding-window KV pool handling (added in SGLang 0.5.9)",
+            of_node(method if method is not None else tree),
+        )
     if method is None:
         return Classification(Verdict.UNKNOWN, problem or "%s.%s not found" % (CLASS_NAME, METHOD_NAME), of_node(cls))
     fingerprint = of_node(method)
@@ -213,32 +226,51 @@ def classify(tree):
     if problem:
         return unknown(problem)
     if resolver is not None:
-        overwrites = [line for s, t in zip(body, texts) if t != UPSTREAM_STATEMENT
-                      for line, how in _touches(s) if how != "Load"]
+        overwrites = [
+            line for s, t in zip(body, texts) if t != UPSTREAM_STATEMENT for line, how in _touches(s) if how != "Load"
+        ]
         if overwrites:
-            return unknown("__init__ sets %s again after %s (line %d)" % (" / ".join(ATTRIBUTES), RESOLVER, overwrites[0]))
+            return unknown(
+                "__init__ sets %s again after %s (line %d)" % (" / ".join(ATTRIBUTES), RESOLVER, overwrites[0])
+            )
         if of_node(resolver) in RESOLVER_FINGERPRINTS and texts.count(UPSTREAM_STATEMENT) == 1:
-            return Classification(Verdict.FIXED, "__init__ resolves the SWA pool with %s, from the active KV pool "
-                                  "first (SGLang 0.5.13, PRs #25103/#26966)" % RESOLVER, fingerprint, first_line)
+            return Classification(
+                Verdict.FIXED,
+                "__init__ resolves the SWA pool with %s, from the active KV pool "
+                "first (SGLang 0.5.13, PRs #25103/#26966)" % RESOLVER,
+                fingerprint,
+                first_line,
+            )
         return unknown("%s is there, but not as SGLang 0.5.13 wrote it or not assigned once in __init__" % RESOLVER)
 
-    starts = [i for i in range(len(texts)) if tuple(texts[i:i + len(ALLOCATOR_RESOLUTION)]) == ALLOCATOR_RESOLUTION]
+    starts = [i for i in range(len(texts)) if tuple(texts[i : i + len(ALLOCATOR_RESOLUTION)]) == ALLOCATOR_RESOLUTION]
     if len(starts) != 1:
-        return unknown("__init__ does not resolve the SWA pool from the allocator with the three statements of "
-                       "SGLang 0.5.9 to 0.5.12.post1 (found them %d times)" % len(starts))
-    rest = body[:starts[0]] + body[starts[0] + len(ALLOCATOR_RESOLUTION):]
+        return unknown(
+            "__init__ does not resolve the SWA pool from the allocator with the three statements of "
+            "SGLang 0.5.9 to 0.5.12.post1 (found them %d times)" % len(starts)
+        )
+    rest = body[: starts[0]] + body[starts[0] + len(ALLOCATOR_RESOLUTION) :]
     for statement in rest:
         for node in ast.walk(statement):
-            if isinstance(node, ast.Name) and node.id in ("allocator", "model_runner") and isinstance(node.ctx, (ast.Store, ast.Del)):
+            if (
+                isinstance(node, ast.Name)
+                and node.id in ("allocator", "model_runner")
+                and isinstance(node.ctx, (ast.Store, ast.Del))
+            ):
                 return unknown("__init__ rebinds %s (line %d)" % (node.id, node.lineno))
-        touched = _touches(statement) or [(n.lineno, "") for n in ast.walk(statement)
-                                          if isinstance(n, ast.Name) and n.id == "allocator"]
+        touched = _touches(statement) or [
+            (n.lineno, "") for n in ast.walk(statement) if isinstance(n, ast.Name) and n.id == "allocator"
+        ]
         if touched:
-            return unknown("__init__ uses the SWA pool attributes or `allocator` outside the resolution (line %d)"
-                           % touched[0][0])
+            return unknown(
+                "__init__ uses the SWA pool attributes or `allocator` outside the resolution (line %d)" % touched[0][0]
+            )
 
-    problem = (_pool_class_problem(tree) or _readers_problem(methods)
-               or detect.attribute_routes_problem(tree, ATTRIBUTES, module_names=(POOL_CLASS,)))
+    problem = (
+        _pool_class_problem(tree)
+        or _readers_problem(methods)
+        or detect.attribute_routes_problem(tree, ATTRIBUTES, module_names=(POOL_CLASS,))
+    )
     if problem:
         return unknown(problem)
     for function, owner, found in uses:
@@ -247,14 +279,23 @@ def classify(tree):
         if owner is not None and owner is not cls and owner.name == CLASS_NAME:
             continue  # an earlier definition of the class, which the live one replaces
         if owner is cls:
-            live, _ = methods[function.name] if function.name in methods else detect.live_method(tree, cls, function.name)
+            live, _ = (
+                methods[function.name] if function.name in methods else detect.live_method(tree, cls, function.name)
+            )
             if live is not function:
                 continue  # a definition Python replaces; the live one is checked under its own name
         stores = [line for line, how in found if how != "Load"]
-        if owner is not cls or function.name not in READERS or of_node(function) not in READERS[function.name] or stores:
+        if (
+            owner is not cls
+            or function.name not in READERS
+            or of_node(function) not in READERS[function.name]
+            or stores
+        ):
             where = "%s.%s" % (owner.name, function.name) if owner is not None else function.name
-            return unknown("%s touches %s in code this hotfix does not know (line %d)" % (
-                where, " / ".join(ATTRIBUTES), found[0][0]))
+            return unknown(
+                "%s touches %s in code this hotfix does not know (line %d)"
+                % (where, " / ".join(ATTRIBUTES), found[0][0])
+            )
     return Classification(
         Verdict.AFFECTED,
         "__init__ takes the SWA pool and its layer mapping from the allocator, which an EAGLE draft shares with "
@@ -268,7 +309,7 @@ HOTFIX = Hotfix(
     name="pr25103",
     upstream="SGLang 0.5.13 (PRs #25103 and #26966)",
     summary="TRT-LLM MHA backends resolve the sliding-window KV pool from the active pool (EAGLE drafts stop "
-            "reading the target's SWA mapping)",
+    "reading the target's SWA mapping)",
     effect="the backend's sliding-window KV pool now comes from the active KV pool",
     distribution="sglang",
     target="sglang.srt.layers.attention.trtllm_mha_backend.%s.%s" % (CLASS_NAME, METHOD_NAME),

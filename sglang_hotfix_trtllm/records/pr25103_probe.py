@@ -65,11 +65,18 @@ RUNNERS = ("target", "EAGLE3 draft")
 def _runner(torch, pool, allocator, is_draft_worker, algorithm):
     """What ``TRTLLMHAAttnBackend.__init__`` (and 0.5.13's resolver) reads from a model runner."""
     return types.SimpleNamespace(
-        token_to_kv_pool=pool, token_to_kv_pool_allocator=allocator, is_draft_worker=is_draft_worker,
-        spec_algorithm=algorithm, req_to_token_pool=types.SimpleNamespace(req_to_token=torch.zeros(2, 8, dtype=torch.int32)),
-        model_config=types.SimpleNamespace(context_len=256, hidden_size=HEADS * HEAD_DIM), kv_cache_dtype=torch.float32,
-        dtype=torch.float32, page_size=1, device="cpu",
-        server_args=types.SimpleNamespace(speculative_eagle_topk=1, speculative_num_draft_tokens=4))
+        token_to_kv_pool=pool,
+        token_to_kv_pool_allocator=allocator,
+        is_draft_worker=is_draft_worker,
+        spec_algorithm=algorithm,
+        req_to_token_pool=types.SimpleNamespace(req_to_token=torch.zeros(2, 8, dtype=torch.int32)),
+        model_config=types.SimpleNamespace(context_len=256, hidden_size=HEADS * HEAD_DIM),
+        kv_cache_dtype=torch.float32,
+        dtype=torch.float32,
+        page_size=1,
+        device="cpu",
+        server_args=types.SimpleNamespace(speculative_eagle_topk=1, speculative_num_draft_tokens=4),
+    )
 
 
 def _runners(torch):
@@ -78,13 +85,29 @@ def _runners(torch):
     from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool, SWATokenToKVPoolAllocator
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    target_pool = SWAKVPool(size=SIZE, size_swa=SIZE_SWA, page_size=1, dtype=torch.float32, head_num=HEADS,
-                            head_dim=HEAD_DIM, swa_attention_layer_ids=list(TARGET_SWA_LAYERS),
-                            full_attention_layer_ids=list(TARGET_FULL_LAYERS), enable_kvcache_transpose=False,
-                            device="cpu")
+    target_pool = SWAKVPool(
+        size=SIZE,
+        size_swa=SIZE_SWA,
+        page_size=1,
+        dtype=torch.float32,
+        head_num=HEADS,
+        head_dim=HEAD_DIM,
+        swa_attention_layer_ids=list(TARGET_SWA_LAYERS),
+        full_attention_layer_ids=list(TARGET_FULL_LAYERS),
+        enable_kvcache_transpose=False,
+        device="cpu",
+    )
     allocator = SWATokenToKVPoolAllocator(SIZE, SIZE_SWA, 1, torch.float32, "cpu", target_pool, False)
-    draft_pool = MHATokenToKVPool(size=SIZE, page_size=1, dtype=torch.float32, head_num=HEADS, head_dim=HEAD_DIM,
-                                  layer_num=DRAFT_LAYERS, device="cpu", enable_memory_saver=False)
+    draft_pool = MHATokenToKVPool(
+        size=SIZE,
+        page_size=1,
+        dtype=torch.float32,
+        head_num=HEADS,
+        head_dim=HEAD_DIM,
+        layer_num=DRAFT_LAYERS,
+        device="cpu",
+        enable_memory_saver=False,
+    )
     runners = {
         "target": _runner(torch, target_pool, allocator, False, SpeculativeAlgorithm.EAGLE3),
         "EAGLE3 draft": _runner(torch, draft_pool, allocator, True, SpeculativeAlgorithm.EAGLE3),
@@ -116,8 +139,10 @@ def _throwaway_classes(cls, functions):
     for name, function in functions.items():
         probe_class = type(cls.__name__, (cls, quiet_base), {"__init__": function, "__module__": __name__})
         if probe_class.__mro__[1:4] != (cls, quiet_base, flashinfer_base):
-            raise RuntimeError("cannot put a quiet base under %s: method resolution order %s"
-                               % (cls.__name__, [c.__name__ for c in probe_class.__mro__]))
+            raise RuntimeError(
+                "cannot put a quiet base under %s: method resolution order %s"
+                % (cls.__name__, [c.__name__ for c in probe_class.__mro__])
+            )
         classes[name] = probe_class
     return classes
 
@@ -128,8 +153,11 @@ def _construct(module, classes, runners):
     namespace = vars(module)
     before = dict(namespace)
     try:
-        return {(variant, runner): probe_class(model_runner)
-                for variant, probe_class in classes.items() for runner, model_runner in runners.items()}
+        return {
+            (variant, runner): probe_class(model_runner)
+            for variant, probe_class in classes.items()
+            for runner, model_runner in runners.items()
+        }
     finally:
         for name in [n for n in namespace if n not in before]:
             del namespace[name]
@@ -174,24 +202,29 @@ def probe(module):
     for runner in RUNNERS:
         model_runner = runners[runner]
         states = [held("unpatched", runner), held("patched", runner), upstream[runner]]
-        rows.append(("%s: _swa_kv_pool" % runner,) + tuple(_describe_pool(pool, model_runner, target_pool)
-                                                             for pool, _ in states))
+        rows.append(
+            ("%s: _swa_kv_pool" % runner,)
+            + tuple(_describe_pool(pool, model_runner, target_pool) for pool, _ in states)
+        )
         rows.append(("%s: use_sliding_window_kv_pool" % runner,) + tuple(str(flag) for _, flag in states))
 
     def same(state, expected):
         return state[0] is expected[0] and state[1] is expected[1]
 
     if held("unpatched", "EAGLE3 draft")[0] is not target_pool:
-        raise RuntimeError("SGLang's unpatched __init__ did not give the EAGLE3 draft the target's SWAKVPool: the "
-                           "probe does not reproduce the bug on this SGLang (draft holds %s)"
-                           % _describe_pool(held("unpatched", "EAGLE3 draft")[0], runners["EAGLE3 draft"], target_pool))
+        raise RuntimeError(
+            "SGLang's unpatched __init__ did not give the EAGLE3 draft the target's SWAKVPool: the "
+            "probe does not reproduce the bug on this SGLang (draft holds %s)"
+            % _describe_pool(held("unpatched", "EAGLE3 draft")[0], runners["EAGLE3 draft"], target_pool)
+        )
     differing = [runner for runner in RUNNERS if not same(held("patched", runner), upstream[runner])]
     return ProbeReport(
         title="SGLang's own __init__ on real pools (CPU): target on an SWAKVPool (layer 0 sliding), EAGLE3 draft "
-              "on its own MHATokenToKVPool sharing the target's SWATokenToKVPoolAllocator",
+        "on its own MHATokenToKVPool sharing the target's SWATokenToKVPoolAllocator",
         rows=tuple(rows),
         patched_equals_upstream=not differing,
-        detail=("patched backend differs from SGLang 0.5.13's for: " + ", ".join(differing)) if differing else
-               "both runners: patched _swa_kv_pool and use_sliding_window_kv_pool equal SGLang 0.5.13's; "
-               "unpatched, the draft translates through the target's sliding-window mapping",
+        detail=("patched backend differs from SGLang 0.5.13's for: " + ", ".join(differing))
+        if differing
+        else "both runners: patched _swa_kv_pool and use_sliding_window_kv_pool equal SGLang 0.5.13's; "
+        "unpatched, the draft translates through the target's sliding-window mapping",
     )

@@ -55,7 +55,7 @@ def _arguments(self, bs, num_tokens, req_pool_indices, seq_lens, encoder_lens, f
 
 # The method's parameters after ``self``, in order: the wrapper binds calls with
 # ``_arguments``, so classify() demands exactly its parameter list (one list, here).
-PARAMETERS = _arguments.__code__.co_varnames[1:_arguments.__code__.co_argcount]
+PARAMETERS = _arguments.__code__.co_varnames[1 : _arguments.__code__.co_argcount]
 
 
 def prefill_draft_decode_seqlens(module, wrapped, instance, args, kwargs):
@@ -102,18 +102,20 @@ def prefill_draft_decode_seqlens(module, wrapped, instance, args, kwargs):
 # makes the verdict `unknown`.
 
 BINDING = "metadata.cache_seqlens_int32 = self.decode_cuda_graph_metadata['cache_seqlens'][:bs]"
-DRAFT_DECODE_PATH = frozenset((
-    "metadata = TRTLLMMHAMetadata()",
-    "device = seq_lens.device",
-    BINDING,
-    "metadata.max_seq_len_k = seq_lens.max().item() + (self.speculative_step_id + 1)",
-    "metadata.cu_seqlens_q = self.decode_cuda_graph_metadata['cu_seqlens_q'][:bs + 1]",
-    "metadata.cu_seqlens_k = torch.nn.functional.pad(torch.cumsum(metadata.cache_seqlens_int32, dim=0, dtype=torch.int32), (1, 0))",
-    "metadata.page_table = self.decode_cuda_graph_metadata['page_table_draft_decode'][:bs, :]",
-    "self._bind_swa_page_table(metadata, self.decode_cuda_graph_metadata, 'swa_page_table_draft_decode', bs)",
-    "self.decode_cuda_graph_metadata[bs] = metadata",
-    "self.forward_metadata = metadata",
-))
+DRAFT_DECODE_PATH = frozenset(
+    (
+        "metadata = TRTLLMMHAMetadata()",
+        "device = seq_lens.device",
+        BINDING,
+        "metadata.max_seq_len_k = seq_lens.max().item() + (self.speculative_step_id + 1)",
+        "metadata.cu_seqlens_q = self.decode_cuda_graph_metadata['cu_seqlens_q'][:bs + 1]",
+        "metadata.cu_seqlens_k = torch.nn.functional.pad(torch.cumsum(metadata.cache_seqlens_int32, dim=0, dtype=torch.int32), (1, 0))",  # noqa: E501 (verbatim data)
+        "metadata.page_table = self.decode_cuda_graph_metadata['page_table_draft_decode'][:bs, :]",
+        "self._bind_swa_page_table(metadata, self.decode_cuda_graph_metadata, 'swa_page_table_draft_decode', bs)",
+        "self.decode_cuda_graph_metadata[bs] = metadata",
+        "self.forward_metadata = metadata",
+    )
+)
 # What the path runs before the binding, in this order, in every affected
 # release: nothing that can stop the method or read the buffer, so writing it
 # before the method starts equals writing it right after the binding.
@@ -142,17 +144,23 @@ def _draft_decode_path(method):
     if index is None:
         return None, "no top-level `if forward_mode.is_decode_or_idle():` branch"
     branch = body[index]
-    if len(branch.body) != 1 or not (isinstance(branch.body[0], ast.If) and ast.unparse(branch.body[0].test) == "spec_info is not None"):
+    if len(branch.body) != 1 or not (
+        isinstance(branch.body[0], ast.If) and ast.unparse(branch.body[0].test) == "spec_info is not None"
+    ):
         return None, "the decode branch is not a single `if spec_info is not None:` (draft decode) split"
-    return body[:index] + branch.body[0].body + body[index + 1:], index
+    return body[:index] + branch.body[0].body + body[index + 1 :], index
 
 
 def _unrecognised_helper_calls(tree, cls, path):
     problems = []
     for statement in path:
         for node in ast.walk(statement):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) \
-                    and node.func.value.id == "self":
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "self"
+            ):
                 name = node.func.attr
                 helper, problem = detect.live_method(tree, cls, name)
                 if helper is None or of_node(helper) not in PATH_HELPERS.get(name, ()):
@@ -179,8 +187,11 @@ def classify(tree):
                 "(the SGLang 0.5.13 refactor, which writes cache_seqlens)" % (METHOD_NAME, SHARED_BODY_ENTRY),
                 of_node(cls),
             )
-        return Classification(Verdict.UNKNOWN, problem or "%s.%s not found and no %s either" % (
-            CLASS_NAME, METHOD_NAME, SHARED_BODY_ENTRY), of_node(cls))
+        return Classification(
+            Verdict.UNKNOWN,
+            problem or "%s.%s not found and no %s either" % (CLASS_NAME, METHOD_NAME, SHARED_BODY_ENTRY),
+            of_node(cls),
+        )
 
     fingerprint = of_node(method)
     first_line = detect.first_line_of(method)
@@ -197,21 +208,30 @@ def classify(tree):
         return unknown(index)
     texts = [ast.unparse(s) for s in path]
     if texts.count(BINDING) != 1:
-        return unknown("the draft-decode path binds metadata.%s = self.%s[%r][:bs] %d times (expected once)"
-                       % (METADATA_FIELD, BUFFER_DICT, BUFFER_KEY, texts.count(BINDING)))
+        return unknown(
+            "the draft-decode path binds metadata.%s = self.%s[%r][:bs] %d times (expected once)"
+            % (METADATA_FIELD, BUFFER_DICT, BUFFER_KEY, texts.count(BINDING))
+        )
     binding = texts.index(BINDING)
     if tuple(texts[:binding]) != BEFORE_BINDING:
-        return unknown("the draft-decode path does not reach the binding through exactly `%s` (the wrapper's write "
-                       "comes before the method starts, upstream's after the binding: nothing between may differ)"
-                       % "; ".join(BEFORE_BINDING))
+        return unknown(
+            "the draft-decode path does not reach the binding through exactly `%s` (the wrapper's write "
+            "comes before the method starts, upstream's after the binding: nothing between may differ)"
+            % "; ".join(BEFORE_BINDING)
+        )
     upstream = binding + 1 < len(texts) and texts[binding + 1] == UPSTREAM_STATEMENT
     others = [(s, t) for i, (s, t) in enumerate(zip(path, texts)) if not (upstream and i == binding + 1)]
     strangers = [(s, t) for s, t in others if t not in DRAFT_DECODE_PATH]
     if strangers:
         statement, text = strangers[0]
-        return unknown("the draft-decode path runs a statement this hotfix does not know (line %d: %s)%s" % (
-            statement.lineno, text if len(text) <= 100 else text[:97] + "...",
-            "" if len(strangers) == 1 else " and %d more" % (len(strangers) - 1)))
+        return unknown(
+            "the draft-decode path runs a statement this hotfix does not know (line %d: %s)%s"
+            % (
+                statement.lineno,
+                text if len(text) <= 100 else text[:97] + "...",
+                "" if len(strangers) == 1 else " and %d more" % (len(strangers) - 1),
+            )
+        )
     helpers = _unrecognised_helper_calls(tree, cls, path)
     if helpers:
         return unknown("the draft-decode path calls code this hotfix does not know: %s" % "; ".join(helpers))
@@ -236,6 +256,7 @@ def classify(tree):
 
 # --------------------------------------------------------------------------
 # Upstream's fix, for `sglang-hotfix-trtllm verify`
+
 
 def upstream_fixed_method_node(tree):
     """The target method's AST with PR #26521's statement inserted right after

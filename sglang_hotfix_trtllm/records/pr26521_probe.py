@@ -24,8 +24,9 @@ STEP_ID = 1
 MAX_BS = 4
 
 
-def backend_without_model_runner(cls, *, device, step_id, max_bs, max_num_tokens, max_context_len, page_size,
-                                  num_draft_tokens):
+def backend_without_model_runner(
+    cls, *, device, step_id, max_bs, max_num_tokens, max_context_len, page_size, num_draft_tokens
+):
     """A real ``TRTLLMHAAttnBackend`` without its GPU- and model-bound ``__init__``.
 
     Only the plain attributes that ``__init__`` would take from a model runner
@@ -51,8 +52,16 @@ def backend_without_model_runner(cls, *, device, step_id, max_bs, max_num_tokens
 
 
 def _backend(cls, torch):
-    return backend_without_model_runner(cls, device=torch.device("cpu"), step_id=STEP_ID, max_bs=MAX_BS,
-                                        max_num_tokens=MAX_BS * 2, max_context_len=256, page_size=16, num_draft_tokens=2)
+    return backend_without_model_runner(
+        cls,
+        device=torch.device("cpu"),
+        step_id=STEP_ID,
+        max_bs=MAX_BS,
+        max_num_tokens=MAX_BS * 2,
+        max_context_len=256,
+        page_size=16,
+        num_draft_tokens=2,
+    )
 
 
 def _upstream_function(module):
@@ -97,17 +106,39 @@ def probe(module):
         backend = _backend(cls, torch)
         if name == "patched":
             function = function.__get__(backend, cls)
-            function(bs, bs, torch.arange(bs), seq_lens, encoder_lens=None, forward_mode=module.ForwardMode.DECODE, spec_info=object())
+            function(
+                bs,
+                bs,
+                torch.arange(bs),
+                seq_lens,
+                encoder_lens=None,
+                forward_mode=module.ForwardMode.DECODE,
+                spec_info=object(),
+            )
         else:
-            function(backend, bs, bs, torch.arange(bs), seq_lens, encoder_lens=None, forward_mode=module.ForwardMode.DECODE, spec_info=object())
+            function(
+                backend,
+                bs,
+                bs,
+                torch.arange(bs),
+                seq_lens,
+                encoder_lens=None,
+                forward_mode=module.ForwardMode.DECODE,
+                spec_info=object(),
+            )
         states[name] = _state(backend, torch)
     shown = ("metadata.cache_seqlens_int32", "metadata.cu_seqlens_k", "metadata.max_seq_len_k")
     rows = tuple((key,) + tuple(str(states[n].get(key)) for n in ("unpatched", "patched", "upstream")) for key in shown)
-    differing = sorted(k for k in set(states["patched"]) | set(states["upstream"]) if states["patched"].get(k) != states["upstream"].get(k))
+    differing = sorted(
+        k
+        for k in set(states["patched"]) | set(states["upstream"])
+        if states["patched"].get(k) != states["upstream"].get(k)
+    )
     return ProbeReport(
         title="draft-decode capture, bs=%d, seq_lens=%s, speculative_step_id=%d" % (bs, list(SEQ_LENS), STEP_ID),
         rows=rows,
         patched_equals_upstream=not differing,
-        detail=("fields differing from upstream: " + ", ".join(differing)) if differing else
-               "all %d fields and buffers equal upstream's" % len(states["upstream"]),
+        detail=("fields differing from upstream: " + ", ".join(differing))
+        if differing
+        else "all %d fields and buffers equal upstream's" % len(states["upstream"]),
     )

@@ -19,8 +19,15 @@ NUM_DRAFT_TOKENS = 4
 
 def make_backend(cls, step_id):
     return backend_without_model_runner(
-        cls, device=torch.device("cpu"), step_id=step_id, max_bs=MAX_BS, max_num_tokens=MAX_BS * NUM_DRAFT_TOKENS,
-        max_context_len=MAX_CONTEXT_LEN, page_size=PAGE_SIZE, num_draft_tokens=NUM_DRAFT_TOKENS)
+        cls,
+        device=torch.device("cpu"),
+        step_id=step_id,
+        max_bs=MAX_BS,
+        max_num_tokens=MAX_BS * NUM_DRAFT_TOKENS,
+        max_context_len=MAX_CONTEXT_LEN,
+        page_size=PAGE_SIZE,
+        num_draft_tokens=NUM_DRAFT_TOKENS,
+    )
 
 
 def branches(forward_mode_cls):
@@ -52,8 +59,16 @@ def call(method, backend, bs, tokens_per_req, req_pool_indices, seq_lens, forwar
     if style == "positional":
         return method(backend, bs, num_tokens, req_pool_indices, seq_lens, None, forward_mode, spec_info)
     # TRTLLMHAAttnMultiStepDraftBackend's style: first four positional, the rest by keyword.
-    return method(backend, bs, num_tokens, req_pool_indices, seq_lens,
-                  encoder_lens=None, forward_mode=forward_mode, spec_info=spec_info)
+    return method(
+        backend,
+        bs,
+        num_tokens,
+        req_pool_indices,
+        seq_lens,
+        encoder_lens=None,
+        forward_mode=forward_mode,
+        spec_info=spec_info,
+    )
 
 
 def _value(value):
@@ -95,6 +110,7 @@ def compare_with_oracle(cls, forward_mode_cls, oracle, unpatched):
 
     Returns (comparisons made, mismatches, {branch: times unpatched differed}).
     """
+
     def through_class(backend, *args, **kwargs):  # TRTLLMHAAttnBackend.method(self, ...)
         return cls.init_forward_metadata_capture_cuda_graph(backend, *args, **kwargs)
 
@@ -108,13 +124,32 @@ def compare_with_oracle(cls, forward_mode_cls, oracle, unpatched):
                 for bs in (8, 5, 3, 2, 1):
                     req_pool_indices, seq_lens = inputs(bs, seed=bs * 10 + step_id)
                     for name, backend in backends.items():
-                        call(functions[name], backend, bs, tokens, req_pool_indices, seq_lens, forward_mode, spec_info, style)
+                        call(
+                            functions[name],
+                            backend,
+                            bs,
+                            tokens,
+                            req_pool_indices,
+                            seq_lens,
+                            forward_mode,
+                            spec_info,
+                            style,
+                        )
                     states = {name: snapshot(backend) for name, backend in backends.items()}
                     for name in ("patched", "class"):
                         compared += 1
                         diff = differences(states[name], states["oracle"])
                         if diff:
-                            mismatches.append({"via": name, "branch": branch, "step": step_id, "bs": bs, "style": style, "paths": diff[:5]})
+                            mismatches.append(
+                                {
+                                    "via": name,
+                                    "branch": branch,
+                                    "step": step_id,
+                                    "bs": bs,
+                                    "style": style,
+                                    "paths": diff[:5],
+                                }
+                            )
                     if differences(states["unpatched"], states["oracle"]):
                         unpatched_differs[branch] = unpatched_differs.get(branch, 0) + 1
     return compared, mismatches, unpatched_differs

@@ -53,8 +53,13 @@ def reimported():
     first_cls = first.TRTLLMHAAttnBackend
     del sys.modules[TARGET_MODULE]
     second = _import_backend()
-    _result(distinct=first is not second, first=_describe(first), second=_describe(second),
-            patched_records=_records_of_pr26521(), first_still=type(first_cls.__dict__[METHOD]).__name__)
+    _result(
+        distinct=first is not second,
+        first=_describe(first),
+        second=_describe(second),
+        patched_records=_records_of_pr26521(),
+        first_still=type(first_cls.__dict__[METHOD]).__name__,
+    )
 
 
 def concurrent_imports(threads="16"):
@@ -131,14 +136,25 @@ def hook_registry(order):
     original = None
     for layer in patch._chain(cls.__dict__[METHOD]):
         original = layer
-    compared, mismatches, unpatched_differs = compare_with_oracle(cls, ForwardMode, upstream_fixed_method(module), original)
+    compared, mismatches, unpatched_differs = compare_with_oracle(
+        cls, ForwardMode, upstream_fixed_method(module), original
+    )
     top = cls.__dict__[METHOD]
     patched = patch.is_patched(pr26521.HOTFIX, cls)
     restored = patch.remove_all()
-    _result(order=order, patched=patched, patched_after_remove=patch.is_patched(pr26521.HOTFIX, cls),
-            top_type=type(top).__name__, top_file=getattr(getattr(top, "__code__", None), "co_filename", None),
-            hook_calls=len(calls), compared=compared, mismatches=mismatches, unpatched_differs=unpatched_differs,
-            restored=restored, after_remove_top_is_same=cls.__dict__[METHOD] is top)
+    _result(
+        order=order,
+        patched=patched,
+        patched_after_remove=patch.is_patched(pr26521.HOTFIX, cls),
+        top_type=type(top).__name__,
+        top_file=getattr(getattr(top, "__code__", None), "co_filename", None),
+        hook_calls=len(calls),
+        compared=compared,
+        mismatches=mismatches,
+        unpatched_differs=unpatched_differs,
+        restored=restored,
+        after_remove_top_is_same=cls.__dict__[METHOD] is top,
+    )
 
 
 def cycles_memory(count="2000"):
@@ -147,6 +163,7 @@ def cycles_memory(count="2000"):
 
     module = _import_backend()
     import sglang_hotfix_trtllm
+
     cls = module.TRTLLMHAAttnBackend
     original = cls.__dict__[METHOD].__wrapped__
     sglang_hotfix_trtllm.remove()
@@ -163,9 +180,13 @@ def cycles_memory(count="2000"):
     gc.collect()
     after = tracemalloc.get_traced_memory()[0]
     sglang_hotfix_trtllm.apply()
-    _result(growth_bytes=after - before, meta_path_growth=len(sys.meta_path) - meta_before - 1,
-            records=_records_of_pr26521(), wrapped_is_original=cls.__dict__[METHOD].__wrapped__ is original,
-            single_layer=not hasattr(cls.__dict__[METHOD].__wrapped__, "__wrapped__"))
+    _result(
+        growth_bytes=after - before,
+        meta_path_growth=len(sys.meta_path) - meta_before - 1,
+        records=_records_of_pr26521(),
+        wrapped_is_original=cls.__dict__[METHOD].__wrapped__ is original,
+        single_layer=not hasattr(cls.__dict__[METHOD].__wrapped__, "__wrapped__"),
+    )
 
 
 def audited_startup():
@@ -176,8 +197,20 @@ def audited_startup():
     def audit(event, args):
         if event in ("open",):
             events.append([event, str(args[0]), str(args[1])])
-        elif event.startswith(("socket.", "subprocess.", "os.system", "os.exec", "os.spawn", "os.posix_spawn",
-                               "os.remove", "os.rename", "shutil.", "urllib.")):
+        elif event.startswith(
+            (
+                "socket.",
+                "subprocess.",
+                "os.system",
+                "os.exec",
+                "os.spawn",
+                "os.posix_spawn",
+                "os.remove",
+                "os.rename",
+                "shutil.",
+                "urllib.",
+            )
+        ):
             events.append([event, repr(args)[:200]])
 
     sys.addaudithook(audit)
@@ -203,18 +236,33 @@ def audited_startup():
     import sglang_hotfix_trtllm_autoload
 
     writes = [e for e in events if e[0] == "open" and e[2] not in ("r", "rb", "None")]
-    _result(armed=sglang_hotfix_trtllm_autoload.is_installed(), env_keys=sorted(set(read_keys)), writes=writes,
-            other_events=[e for e in events if e[0] != "open"],
-            opened=[e[1] for e in events if e[0] == "open"])
+    _result(
+        armed=sglang_hotfix_trtllm_autoload.is_installed(),
+        env_keys=sorted(set(read_keys)),
+        writes=writes,
+        other_events=[e for e in events if e[0] != "open"],
+        opened=[e[1] for e in events if e[0] == "open"],
+    )
 
 
-SCENARIOS = {f.__name__: f for f in (
-    imported_before_hook, source_removed_after_import, replaced_by_someone_else, reimported, concurrent_imports,
-    fork_child, hook_registry, cycles_memory, audited_startup,
-)}
+SCENARIOS = {
+    f.__name__: f
+    for f in (
+        imported_before_hook,
+        source_removed_after_import,
+        replaced_by_someone_else,
+        reimported,
+        concurrent_imports,
+        fork_child,
+        hook_registry,
+        cycles_memory,
+        audited_startup,
+    )
+}
 
 
 # --- re-entrancy of the import hook (Trust, class 3) --------------------------
+
 
 def _import_outcome():
     """Import the backend; report what the class holds, or the exception."""
@@ -261,7 +309,9 @@ def modules_purged_then_entry_point():
     import importlib
 
     importlib.import_module("sglang.srt.layers.attention")
-    for name in [n for n in sys.modules if n.split(".")[0] in ("sglang_hotfix_trtllm", "sglang_hotfix_trtllm_autoload")]:
+    for name in [
+        n for n in sys.modules if n.split(".")[0] in ("sglang_hotfix_trtllm", "sglang_hotfix_trtllm_autoload")
+    ]:
         del sys.modules[name]
     from sglang_hotfix_trtllm import plugin
 
@@ -275,7 +325,9 @@ def twin_finders_armed():
 
     import sglang_hotfix_trtllm_autoload
 
-    spec = importlib.util.spec_from_file_location("sglang_hotfix_trtllm_autoload_twin", sglang_hotfix_trtllm_autoload.__file__)
+    spec = importlib.util.spec_from_file_location(
+        "sglang_hotfix_trtllm_autoload_twin", sglang_hotfix_trtllm_autoload.__file__
+    )
     twin = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(twin)
     sys.meta_path.insert(0, twin.find_spec)  # armed by hand: a twin that did not see ours
@@ -339,6 +391,7 @@ def odd_sys_modules(state):
 
 def odd_finder_on_meta_path():
     """A finder whose attributes raise on access sits on sys.meta_path."""
+
     class Hostile:
         def __getattr__(self, name):
             if name.startswith("sglang_hotfix"):  # our mark: any error but AttributeError
@@ -351,11 +404,15 @@ def odd_finder_on_meta_path():
     sys.meta_path.append(Hostile())
     import sglang_hotfix_trtllm_autoload
 
-    _result(installed=sglang_hotfix_trtllm_autoload.is_installed(), armed_again=sglang_hotfix_trtllm_autoload.install(),
-            **_import_outcome())
+    _result(
+        installed=sglang_hotfix_trtllm_autoload.is_installed(),
+        armed_again=sglang_hotfix_trtllm_autoload.install(),
+        **_import_outcome(),
+    )
 
 
 # --- start-up and logging (Trust, class 4) -----------------------------------
+
 
 def import_with_stderr_none():
     """SGLang imports its backend while sys.stderr is None (pythonw, closed fd 2)."""
@@ -382,6 +439,7 @@ def logging_configured(when):
 
 # --- the wrapper seen by callers (Trust, class 6) ----------------------------
 
+
 def _shape_calls(cls, backend, bs, req, seq_lens, mode, spec):
     import functools
     import types
@@ -403,7 +461,10 @@ def _shape_calls(cls, backend, bs, req, seq_lens, mode, spec):
         "partial_of_bound_method": lambda b: functools.partial(getattr(b, method_name), bs)(*args[1:]),
         "method_type": lambda b: types.MethodType(cls.__dict__[method_name], b)(*args),
         # The instance becomes a subclass instance whose override calls super().
-        "super_from_subclass": lambda b: (setattr(b, "__class__", Sub), b.init_forward_metadata_capture_cuda_graph(*args)),
+        "super_from_subclass": lambda b: (
+            setattr(b, "__class__", Sub),
+            b.init_forward_metadata_capture_cuda_graph(*args),
+        ),
     }
 
 
@@ -419,7 +480,11 @@ def call_shapes():
     results = {}
     for bs in (3, 8):
         req, seq_lens = inputs(bs, seed=bs)
-        for mode_name, mode in (("draft_decode", ForwardMode.DECODE), ("idle", ForwardMode.IDLE), ("verify", ForwardMode.TARGET_VERIFY)):
+        for mode_name, mode in (
+            ("draft_decode", ForwardMode.DECODE),
+            ("idle", ForwardMode.IDLE),
+            ("verify", ForwardMode.TARGET_VERIFY),
+        ):
             shapes = _shape_calls(cls, None, bs, req, seq_lens, mode, object())
             for shape, invoke in shapes.items():
                 backend, expected = make_backend(cls, 2), make_backend(cls, 2)
@@ -427,8 +492,11 @@ def call_shapes():
                 oracle(expected, bs, bs, req, seq_lens, None, mode, object())
                 diff = differences(snapshot(backend), snapshot(expected))
                 results.setdefault(shape, []).append(len(diff))
-    _result(patched=type(cls.__dict__[METHOD]).__name__, shapes={k: sum(v) for k, v in results.items()},
-            calls=sum(len(v) for v in results.values()))
+    _result(
+        patched=type(cls.__dict__[METHOD]).__name__,
+        shapes={k: sum(v) for k, v in results.items()},
+        calls=sum(len(v) for v in results.values()),
+    )
 
 
 def rejected_calls():
@@ -447,8 +515,15 @@ def rejected_calls():
         "duplicate_keyword": lambda f, b: f(b, bs, bs, req, seq_lens, None, mode, spec, bs=bs),
         "missing_argument": lambda f, b: f(b, bs, bs, req, seq_lens, None, mode),
         "too_many_positional": lambda f, b: f(b, bs, bs, req, seq_lens, None, mode, spec, None),
-        "missing_self": lambda f, b: f(bs=bs, num_tokens=bs, req_pool_indices=req, seq_lens=seq_lens, encoder_lens=None,
-                                       forward_mode=mode, spec_info=spec),
+        "missing_self": lambda f, b: f(
+            bs=bs,
+            num_tokens=bs,
+            req_pool_indices=req,
+            seq_lens=seq_lens,
+            encoder_lens=None,
+            forward_mode=mode,
+            spec_info=spec,
+        ),
     }
     outcome = {}
     for name, invoke in bad.items():
@@ -460,19 +535,35 @@ def rejected_calls():
                 invoke(target, backend)
                 messages.append(None)
             except TypeError as error:
-                messages.append(str(error).replace("init_forward_metadata_capture_cuda_graph", "<m>").replace(
-                    "TRTLLMHAAttnBackend.", ""))
+                messages.append(
+                    str(error)
+                    .replace("init_forward_metadata_capture_cuda_graph", "<m>")
+                    .replace("TRTLLMHAAttnBackend.", "")
+                )
             touched.append(int(backend.decode_cuda_graph_metadata["cache_seqlens"].abs().sum()))
         outcome[name] = {"messages": messages, "buffer_sums": touched}
     _result(**outcome)
 
 
-SCENARIOS.update({f.__name__: f for f in (
-    describe_or_error, autoload_reloaded, modules_purged_then_entry_point, twin_finders_armed, finder_that_asks_find_spec, odd_sys_modules,
-    odd_finder_on_meta_path, import_with_stderr_none, logging_configured, call_shapes, rejected_calls,
-)})
+SCENARIOS.update(
+    {
+        f.__name__: f
+        for f in (
+            describe_or_error,
+            autoload_reloaded,
+            modules_purged_then_entry_point,
+            twin_finders_armed,
+            finder_that_asks_find_spec,
+            odd_sys_modules,
+            odd_finder_on_meta_path,
+            import_with_stderr_none,
+            logging_configured,
+            call_shapes,
+            rejected_calls,
+        )
+    }
+)
 
 
 if __name__ == "__main__":
     SCENARIOS[sys.argv[1]](*sys.argv[2:])
-

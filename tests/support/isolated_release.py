@@ -54,9 +54,14 @@ def load_backend_module(release_dir):
     module.__file__ = str(path)
     module.__spec__ = importlib.machinery.ModuleSpec(MODULE_NAME, None, origin=str(path))
     module.__dict__.update(
-        torch=torch, dataclass=dataclasses.dataclass, field=dataclasses.field,
+        torch=torch,
+        dataclass=dataclasses.dataclass,
+        field=dataclasses.field,
         ForwardMode=load_forward_mode(release_dir),
-        **{name: getattr(typing, name) for name in ("TYPE_CHECKING", "Optional", "List", "Dict", "Tuple", "Union", "Any", "Callable")},
+        **{
+            name: getattr(typing, name)
+            for name in ("TYPE_CHECKING", "Optional", "List", "Dict", "Tuple", "Union", "Any", "Callable")
+        },
     )
     body = _futures(tree) + [_class(tree, "TRTLLMMHAMetadata"), backend]
     run_as_module(compile(ast.Module(body=body, type_ignores=[]), str(path), "exec"), module)

@@ -69,7 +69,11 @@ def methods(tree, class_name, method_names):
 
 
 def _is_docstring(statement):
-    return isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant) and isinstance(statement.value.value, str)
+    return (
+        isinstance(statement, ast.Expr)
+        and isinstance(statement.value, ast.Constant)
+        and isinstance(statement.value.value, str)
+    )
 
 
 def _first_line(node):
@@ -163,8 +167,13 @@ def _body_edit(owner_path, field, index, operator, statement_text=None):
             for statement in new:
                 ast.copy_location(statement, anchor)
             body[index:index] = new
-            return anchor.lineno, _first_line(anchor), ("(then) " if operator == "write" else "(before it) ") + statement_text
+            return (
+                anchor.lineno,
+                _first_line(anchor),
+                ("(then) " if operator == "write" else "(before it) ") + statement_text,
+            )
         raise ValueError(operator)
+
     return edit
 
 
@@ -182,6 +191,7 @@ def _node_edit(path, operator):
         else:
             raise ValueError(operator)
         return getattr(node, "lineno", statement.lineno), before, _first_line(statement)
+
     return edit
 
 
@@ -227,7 +237,7 @@ def _method_text(function, indent):
         if "type_params" in ast.ClassDef._fields:
             node.type_params = []
     lines = ast.unparse(ast.fix_missing_locations(ast.Module(body=[node], type_ignores=[]))).split("\n")
-    return "\n".join(lines[indent // 4:])
+    return "\n".join(lines[indent // 4 :])
 
 
 def _compiles(method_text, indent):
@@ -248,7 +258,7 @@ def generate(text, class_name, method_names, writes):
     ids = set()
     for name, function in methods(tree, class_name, method_names):
         start = min([function.lineno] + [d.lineno for d in function.decorator_list]) - 1
-        head, tail = "\n".join(lines[:start]), "\n".join(lines[function.end_lineno:])
+        head, tail = "\n".join(lines[:start]), "\n".join(lines[function.end_lineno :])
         # The method unmutated, as ast.unparse writes it: a mutant equal to it changes nothing.
         seen.add(head + "\n" + _method_text(function, function.col_offset) + "\n" + tail)
         for operator, detail, edit in _sites(function, writes):

@@ -87,7 +87,9 @@ def equivalence():
     module = _import_backend()
     cls = module.TRTLLMHAAttnBackend
     unpatched = cls.__dict__[METHOD].__wrapped__
-    compared, mismatches, unpatched_differs = compare_with_oracle(cls, ForwardMode, upstream_fixed_method(module), unpatched)
+    compared, mismatches, unpatched_differs = compare_with_oracle(
+        cls, ForwardMode, upstream_fixed_method(module), unpatched
+    )
     _result(compared=compared, mismatches=mismatches, unpatched_differs=unpatched_differs)
 
 
@@ -131,7 +133,8 @@ def replay_untouched():
         for backend in (patched_backend, oracle_backend):
             backend.req_to_token = torch.arange(bs * 512, dtype=torch.int32).reshape(bs, 512)
             backend.init_forward_metadata_replay_cuda_graph(
-                bs, req, new_lens, int(new_lens.sum()), None, ForwardMode.DECODE, SPEC_INFO, new_lens.clone())
+                bs, req, new_lens, int(new_lens.sum()), None, ForwardMode.DECODE, SPEC_INFO, new_lens.clone()
+            )
         mismatches += len(differences(snapshot(patched_backend), snapshot(oracle_backend)))
     _result(
         replay_type=type(replay).__name__,
@@ -172,12 +175,14 @@ def identity_and_cycles():
         sglang_hotfix_trtllm.remove()
         cycles += 1
     _result(
-        first=first, second=second,
+        first=first,
+        second=second,
         first_type=type(after_first).__name__,
         same_wrapper_after_second_apply=after_first is after_second,
         wrapped_is_original=after_first.__wrapped__ is original,
         changed=changed,
-        signature_before=signature_before, signature_after=signature_after,
+        signature_before=signature_before,
+        signature_after=signature_after,
         bound_signature_after=bound_signature_after,
         restored=restored,
         original_back=after_remove is original,
@@ -221,8 +226,7 @@ def sglang_plugin_loader():
     # Both paths now: the startup module's install() again must not wrap twice.
     sglang_hotfix_trtllm_autoload.install()
     load_plugins()
-    findings.update(loaded_backend_early=loaded_backend_early, hook_armed=hook_armed,
-                    after_both=_describe(module))
+    findings.update(loaded_backend_early=loaded_backend_early, hook_armed=hook_armed, after_both=_describe(module))
     _result(**findings)
 
 
@@ -275,18 +279,37 @@ def toy_record():
     records = sorted(entry.hotfix.name for entry in patch._applied) if patch else []
     wrapper_type = type(module.Counter.__dict__["next_value"]).__name__
     restored = sglang_hotfix_trtllm.remove()
-    _result(patched_value=patched_value, wrapper_type=wrapper_type,
-            records=records, catalog=[h.name for h in catalog.HOTFIXES], verdict=report["verdict"],
-            would_patch=report["would_patch"], exit=code, restored=restored, after_remove=counter.next_value(41),
-            sglang_imported="sglang" in sys.modules)
+    _result(
+        patched_value=patched_value,
+        wrapper_type=wrapper_type,
+        records=records,
+        catalog=[h.name for h in catalog.HOTFIXES],
+        verdict=report["verdict"],
+        would_patch=report["would_patch"],
+        exit=code,
+        restored=restored,
+        after_remove=counter.next_value(41),
+        sglang_imported="sglang" in sys.modules,
+    )
 
 
-SCENARIOS = {f.__name__: f for f in (
-    wrapt_in_use, toy_record,
-    describe, import_only, startup_only, equivalence, draft_decode_values, replay_untouched, identity_and_cycles,
-    spawn_child, sglang_plugin_loader, overlay,
-)}
+SCENARIOS = {
+    f.__name__: f
+    for f in (
+        wrapt_in_use,
+        toy_record,
+        describe,
+        import_only,
+        startup_only,
+        equivalence,
+        draft_decode_values,
+        replay_untouched,
+        identity_and_cycles,
+        spawn_child,
+        sglang_plugin_loader,
+        overlay,
+    )
+}
 
 if __name__ == "__main__":
     SCENARIOS[sys.argv[1]](*sys.argv[2:])
-

@@ -78,8 +78,13 @@ def speculative_algorithm(release_dir):
     tree = ast.parse(path.read_text(encoding="utf-8"))
     enum_class = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "SpeculativeAlgorithm")
     future = [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "__future__"]
-    namespace = {"Enum": enum.Enum, "IntEnum": enum.IntEnum, "auto": enum.auto, "TYPE_CHECKING": False,
-                 **{name: getattr(typing, name) for name in ("List", "Optional", "Tuple", "Type", "Union")}}
+    namespace = {
+        "Enum": enum.Enum,
+        "IntEnum": enum.IntEnum,
+        "auto": enum.auto,
+        "TYPE_CHECKING": False,
+        **{name: getattr(typing, name) for name in ("List", "Optional", "Tuple", "Type", "Union")},
+    }
     exec(compile(ast.Module(body=future + [enum_class], type_ignores=[]), str(path), "exec"), namespace)
     return namespace["SpeculativeAlgorithm"]
 
@@ -107,16 +112,37 @@ def _filled(pool):
 def _swa_pool(swa_layers, full_layers):
     from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
-    return _filled(SWAKVPool(size=SIZE, size_swa=SIZE_SWA, page_size=1, dtype=torch.float32, head_num=HEADS,
-                             head_dim=HEAD_DIM, swa_attention_layer_ids=swa_layers, full_attention_layer_ids=full_layers,
-                             enable_kvcache_transpose=False, device="cpu"))
+    return _filled(
+        SWAKVPool(
+            size=SIZE,
+            size_swa=SIZE_SWA,
+            page_size=1,
+            dtype=torch.float32,
+            head_num=HEADS,
+            head_dim=HEAD_DIM,
+            swa_attention_layer_ids=swa_layers,
+            full_attention_layer_ids=full_layers,
+            enable_kvcache_transpose=False,
+            device="cpu",
+        )
+    )
 
 
 def _plain_pool(layers):
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
-    return _filled(MHATokenToKVPool(size=SIZE, page_size=1, dtype=torch.float32, head_num=HEADS, head_dim=HEAD_DIM,
-                                    layer_num=layers, device="cpu", enable_memory_saver=False))
+    return _filled(
+        MHATokenToKVPool(
+            size=SIZE,
+            page_size=1,
+            dtype=torch.float32,
+            head_num=HEADS,
+            head_dim=HEAD_DIM,
+            layer_num=layers,
+            device="cpu",
+            enable_memory_saver=False,
+        )
+    )
 
 
 class World:
@@ -148,12 +174,19 @@ class World:
 
     def runner(self, pool, draft, algorithm, layers):
         return types.SimpleNamespace(
-            token_to_kv_pool=pool, token_to_kv_pool_allocator=self.allocator, is_draft_worker=draft,
-            spec_algorithm=algorithm, req_to_token_pool=types.SimpleNamespace(req_to_token=self.req_to_token),
-            model_config=types.SimpleNamespace(context_len=1024, hidden_size=HEADS * HEAD_DIM), kv_cache_dtype=torch.float32,
-            dtype=torch.float32, page_size=1, device="cpu",
+            token_to_kv_pool=pool,
+            token_to_kv_pool_allocator=self.allocator,
+            is_draft_worker=draft,
+            spec_algorithm=algorithm,
+            req_to_token_pool=types.SimpleNamespace(req_to_token=self.req_to_token),
+            model_config=types.SimpleNamespace(context_len=1024, hidden_size=HEADS * HEAD_DIM),
+            kv_cache_dtype=torch.float32,
+            dtype=torch.float32,
+            page_size=1,
+            device="cpu",
             server_args=types.SimpleNamespace(speculative_eagle_topk=1, speculative_num_draft_tokens=4),
-            layers=layers)
+            layers=layers,
+        )
 
 
 def cases(release_dir_of_0_5_11):
@@ -168,7 +201,10 @@ def cases(release_dir_of_0_5_11):
     world = World()
     built["eagle3_draft"] = world, world.runner(_plain_pool(1), True, SpeculativeAlgorithm.EAGLE3, [0])
     world = World()
-    built["eagle3_draft_before_0_5_12"] = world, world.runner(_plain_pool(1), True, algorithm_without_frozen_kv.EAGLE3, [0])
+    built["eagle3_draft_before_0_5_12"] = (
+        world,
+        world.runner(_plain_pool(1), True, algorithm_without_frozen_kv.EAGLE3, [0]),
+    )
     world = World()
     own = _swa_pool([1], [0])  # its own layout: its layer 0 is a full-attention layer
     own.register_mapping(world.target_pool.full_to_swa_index_mapping)  # as the shared allocator maps its tokens
@@ -193,7 +229,8 @@ def reads(backend, functions, world, runner):
     ``backend`` the state they read (``_swa_kv_pool`` and the flag)."""
     page_table = world.req_to_token[:, : max(REQUEST_LENGTHS)]
     backend.forward_metadata = types.SimpleNamespace(
-        page_table=page_table, swa_page_table=functions._maybe_translate_swa(backend, page_table))
+        page_table=page_table, swa_page_table=functions._maybe_translate_swa(backend, page_table)
+    )
     batch = types.SimpleNamespace(out_cache_loc=world.out_cache_loc, out_cache_loc_swa=None)
     result = {}
     for layer_id in runner.layers:

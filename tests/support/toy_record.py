@@ -30,7 +30,9 @@ def classify(tree):
     if method is None:
         return Classification(Verdict.UNKNOWN, problem or "next_value not found", of_node(cls))
     body = ast.unparse(method)
-    verdict = {ast.unparse(ast.parse(BUGGY)): Verdict.AFFECTED, ast.unparse(ast.parse(FIXED)): Verdict.FIXED}.get(body, Verdict.UNKNOWN)
+    verdict = {ast.unparse(ast.parse(BUGGY)): Verdict.AFFECTED, ast.unparse(ast.parse(FIXED)): Verdict.FIXED}.get(
+        body, Verdict.UNKNOWN
+    )
     return Classification(verdict, "next_value is the %s one" % verdict, of_node(method), detect.first_line_of(method))
 
 
@@ -39,8 +41,15 @@ def add_one(module, wrapped, instance, args, kwargs):
 
 
 # Only what differs from the defaults: no release table, no probe, no summary.
-TOY = Hotfix(name="toy1", upstream="toy PR #1", effect="next_value now counts", distribution="toy-dist",
-             target=MODULE + ".Counter.next_value", classify=classify, wrapper=add_one)
+TOY = Hotfix(
+    name="toy1",
+    upstream="toy PR #1",
+    effect="next_value now counts",
+    distribution="toy-dist",
+    target=MODULE + ".Counter.next_value",
+    classify=classify,
+    wrapper=add_one,
+)
 
 
 def register():

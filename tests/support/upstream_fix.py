@@ -32,7 +32,8 @@ def insert_upstream_fix(source_text):
     method = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == METHOD_NAME)
     body = _draft_decode_body(method)
     index = next(
-        i for i, s in enumerate(body)
+        i
+        for i, s in enumerate(body)
         if isinstance(s, ast.Assign)
         and ast.unparse(s.targets[0]) == "metadata.cache_seqlens_int32"
         and "'cache_seqlens'" in ast.unparse(s.value)
@@ -57,7 +58,9 @@ def upstream_fixed_method(module):
     # Keep the module's `from __future__ import annotations`, as the original was compiled with it.
     futures = [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "__future__"]
     body = futures + [method]
-    code = compile(ast.fix_missing_locations(ast.Module(body=body, type_ignores=[])), module.__file__, "exec", dont_inherit=True)
+    code = compile(
+        ast.fix_missing_locations(ast.Module(body=body, type_ignores=[])), module.__file__, "exec", dont_inherit=True
+    )
     namespace = {}
     exec(code, vars(module), namespace)
     return namespace[METHOD_NAME]

@@ -19,7 +19,8 @@ def _edit(source_text, change):
 
 def _binding_index(body):
     return next(
-        i for i, s in enumerate(body)
+        i
+        for i, s in enumerate(body)
         if isinstance(s, ast.Assign) and ast.unparse(s.targets[0]) == "metadata.cache_seqlens_int32"
     )
 
@@ -27,10 +28,12 @@ def _binding_index(body):
 def with_extra_write(source_text, statement="metadata.cache_seqlens_int32.fill_(1)", offset=1):
     """Additional statement(s) in the draft-decode branch, ``offset`` after the
     binding (1: right after it; 0: right before it)."""
+
     def change(method):
         body = _draft_decode_body(method)
         index = _binding_index(body) + offset
         body[index:index] = ast.parse(statement).body
+
     return _edit(source_text, change)
 
 
@@ -46,7 +49,7 @@ OTHER_WRITES = {
     "passed_to_a_call": "fill_lengths(metadata.cache_seqlens_int32, seq_lens)",
     "unknown_helper": "self._fill_lengths(metadata, seq_lens)",
     "similar_not_upstream": "metadata.cache_seqlens_int32.copy_(seq_lens + self.speculative_step_id)",
-    "upstream_in_dead_branch": "if False:\n    metadata.cache_seqlens_int32.copy_(seq_lens + self.speculative_step_id + 1)",
+    "upstream_in_dead_branch": "if False:\n    metadata.cache_seqlens_int32.copy_(seq_lens + self.speculative_step_id + 1)",  # noqa: E501 (verbatim data)
 }
 
 
@@ -63,7 +66,7 @@ def with_method_defined_twice(source_text, live):
     tree = ast.parse(source_text)
     cls, buggy = _class_and_method(tree)
     index = cls.body.index(buggy)
-    cls.body[index:index + 1] = [fixed, buggy] if live == "buggy" else [buggy, fixed]
+    cls.body[index : index + 1] = [fixed, buggy] if live == "buggy" else [buggy, fixed]
     return ast.unparse(ast.fix_missing_locations(tree))
 
 
@@ -73,7 +76,7 @@ def with_class_defined_twice(source_text, live):
     tree = ast.parse(source_text)
     cls = _class_and_method(tree)[0]
     index = tree.body.index(cls)
-    tree.body[index:index + 1] = [fixed_cls, cls] if live == "buggy" else [cls, fixed_cls]
+    tree.body[index : index + 1] = [fixed_cls, cls] if live == "buggy" else [cls, fixed_cls]
     return ast.unparse(ast.fix_missing_locations(tree))
 
 
@@ -93,45 +96,64 @@ def with_class_statement(source_text, statement):
 
 # Ways the live method may not be the one defined: each must be unknown.
 REBINDINGS = {
-    "method_rebound_in_class": lambda t: with_class_statement(t, "init_forward_metadata_capture_cuda_graph = init_forward_metadata_replay_cuda_graph"),
+    "method_rebound_in_class": lambda t: with_class_statement(
+        t, "init_forward_metadata_capture_cuda_graph = init_forward_metadata_replay_cuda_graph"
+    ),
     "attribute_store_in_module": lambda t: with_module_statement(
-        t, "TRTLLMHAAttnBackend.init_forward_metadata_capture_cuda_graph = TRTLLMHAAttnBackend.init_forward_metadata_replay_cuda_graph"),
+        t,
+        "TRTLLMHAAttnBackend.init_forward_metadata_capture_cuda_graph = TRTLLMHAAttnBackend.init_forward_metadata_replay_cuda_graph",  # noqa: E501 (verbatim data)
+    ),
     "setattr_by_name": lambda t: with_module_statement(
-        t, "setattr(TRTLLMHAAttnBackend, 'init_forward_metadata_capture_cuda_graph', TRTLLMHAAttnBackend.init_forward_metadata_replay_cuda_graph)"),
+        t,
+        "setattr(TRTLLMHAAttnBackend, 'init_forward_metadata_capture_cuda_graph', TRTLLMHAAttnBackend.init_forward_metadata_replay_cuda_graph)",  # noqa: E501 (verbatim data)
+    ),
     "class_rebound_conditionally": lambda t: with_module_statement(
-        t, "if __debug__:\n    class TRTLLMHAAttnBackend(TRTLLMHAAttnBackend):\n        pass"),
-    "class_rebound_by_assignment": lambda t: with_module_statement(t, "TRTLLMHAAttnBackend = TRTLLMHAAttnMultiStepDraftBackend"),
+        t, "if __debug__:\n    class TRTLLMHAAttnBackend(TRTLLMHAAttnBackend):\n        pass"
+    ),
+    "class_rebound_by_assignment": lambda t: with_module_statement(
+        t, "TRTLLMHAAttnBackend = TRTLLMHAAttnMultiStepDraftBackend"
+    ),
     "class_decorated": lambda t: with_module_statement(
-        t, "@staticmethod\nclass TRTLLMHAAttnBackend(TRTLLMHAAttnBackend):\n    pass"),
+        t, "@staticmethod\nclass TRTLLMHAAttnBackend(TRTLLMHAAttnBackend):\n    pass"
+    ),
 }
 
 
 def with_write_after_use(source_text):
     """Upstream's statement, but placed at the end of the branch (too late)."""
+
     def change(method):
         body = _draft_decode_body(method)
-        body.insert(len(body) - 1, ast.parse("metadata.cache_seqlens_int32.copy_(seq_lens + self.speculative_step_id + 1)").body[0])
+        body.insert(
+            len(body) - 1,
+            ast.parse("metadata.cache_seqlens_int32.copy_(seq_lens + self.speculative_step_id + 1)").body[0],
+        )
+
     return _edit(source_text, change)
 
 
 def with_renamed_key(source_text):
     """The draft-decode branch binds another buffer key."""
+
     def change(method):
         body = _draft_decode_body(method)
         binding = body[_binding_index(body)]
         for node in ast.walk(binding):
             if isinstance(node, ast.Constant) and node.value == "cache_seqlens":
                 node.value = "cache_seqlens_draft"
+
     return _edit(source_text, change)
 
 
 def without_draft_branch(source_text):
     """The decode branch no longer splits on spec_info: only normal decode remains."""
+
     def change(method):
         for statement in method.body:
             if isinstance(statement, ast.If) and "is_decode_or_idle" in ast.unparse(statement.test):
                 statement.body = statement.body[0].orelse
                 return
+
     return _edit(source_text, change)
 
 
