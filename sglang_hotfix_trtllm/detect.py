@@ -92,23 +92,32 @@ def live_definition(body, name, kind):
     return live, ""
 
 
+def _walk_index(tree):
+    """What the rebinding checks look for, from one walk of the module: the
+    first line of each ``global`` name, of each attribute stored or deleted,
+    and of each string constant."""
+    globals_, stores, strings = {}, {}, {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Global):
+            for name in node.names:
+                globals_.setdefault(name, node.lineno)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            stores.setdefault(node.attr, node.lineno)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            strings.setdefault(node.value, node.lineno)
+    return globals_, stores, strings
+
+
 def _index(tree):
-    """What the rebinding checks look for, from one walk of the module, kept on
-    the tree (the records of one module share it): the first line of each
-    ``global`` name, of each attribute stored or deleted, and of each string constant."""
-    index = getattr(tree, "_sglang_hotfix_index", None)
-    if index is None:
-        globals_, stores, strings = {}, {}, {}
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Global):
-                for name in node.names:
-                    globals_.setdefault(name, node.lineno)
-            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)):
-                stores.setdefault(node.attr, node.lineno)
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-                strings.setdefault(node.value, node.lineno)
-        index = tree._sglang_hotfix_index = (globals_, stores, strings)
-    return index
+    """The index of ``tree``: the kept ``ParsedSource``'s when it is that tree (the
+    records of one module share one walk), else walked now. Nothing is stored
+    on the tree: classification never modifies it."""
+    kept = _kept
+    if kept is not None and kept.tree is tree:
+        if kept.index is None:
+            kept.index = _walk_index(tree)
+        return kept.index
+    return _walk_index(tree)
 
 
 def live_class(tree, class_name):
@@ -288,39 +297,58 @@ class Assessment(Value):
         }
 
 
-class _ParseShare:
-    """Within ``shared_parses()``, one parse per source text: the records of one
-    module read the same file (and their classify() never modifies the tree).
-    Outside it nothing is kept, so no tree outlives the import that needed it."""
+class ParsedSource:
+    """One source file as the analysis read it: ``path``, ``text``, its ``tree``
+    and ``index`` (one walk, for the rebinding checks), and each record's
+    ``assessments`` of it. The one cache of this module.
 
-    def __init__(self):
-        self.active = 0
-        self.last = None  # (path, text, tree)
+    Lifetime: one is kept, the last file read (``_kept``), and replaced when
+    another path or text is read, so it never grows. Its tree and index (about
+    1.4 MB for SGLang 0.5.12's backend) live only inside ``shared_parses()``,
+    the span in which the records of one module are assessed; outside it only
+    the path, the text (about 40 kB) and the assessments stay, so that
+    ``apply()`` after ``remove()`` on an unchanged file gives the same verdicts
+    without parsing again.
+    """
+
+    __slots__ = ("path", "text", "tree", "index", "assessments")
+
+    def __init__(self, path, text):
+        self.path, self.text = path, text
+        self.tree = self.index = None
+        self.assessments = {}
+
+    def parse(self):
+        if self.tree is None:
+            self.tree = ast.parse(self.text, filename=self.path)
+        return self.tree
+
+
+_kept = None
+_sharing = 0  # depth of shared_parses() contexts
+
+
+def _parsed(path, text):
+    global _kept
+    if _kept is None or _kept.path != path or _kept.text != text:
+        _kept = ParsedSource(path, text)
+    return _kept
+
+
+class shared_parses:
+    """Context in which the records assessing one source share its tree; on
+    leaving the outermost one, the tree and index are let go (ParsedSource)."""
 
     def __enter__(self):
-        self.active += 1
+        global _sharing
+        _sharing += 1
         return self
 
     def __exit__(self, *exc):
-        self.active -= 1
-        if not self.active:
-            self.last = None
-
-    def parse(self, text, path):
-        if self.active and self.last is not None and self.last[0] == path and self.last[1] == text:
-            return self.last[2]
-        tree = ast.parse(text, filename=path)
-        if self.active:
-            self.last = (path, text, tree)
-        return tree
-
-
-_parses = _ParseShare()
-
-
-def shared_parses():
-    """Context in which assessments of the same source text share one parse."""
-    return _parses
+        global _sharing
+        _sharing -= 1
+        if not _sharing and _kept is not None:
+            _kept.tree = _kept.index = None
 
 
 def assess_source(hotfix, path, text=None):
@@ -335,23 +363,24 @@ def assess_source(hotfix, path, text=None):
     except (OSError, UnicodeDecodeError, SyntaxError, ValueError) as error:
         return result(Verdict.UNKNOWN, "cannot read %s: %s: %s" % (path, type(error).__name__, error))
 
-    cached = _last_assessment.get(hotfix.name)
-    if cached is not None and cached[0][0] is hotfix and cached[0][1] == path and cached[0][2] == text:
+    parsed = _parsed(path, text)
+    cached = parsed.assessments.get(hotfix.name)
+    if cached is not None and cached[0] is hotfix:
         return cached[1]  # the same record on the same text: the same verdict (apply() after remove())
-    assessment = _assess_text(hotfix, path, text, result)
-    _last_assessment[hotfix.name] = ((hotfix, path, text), assessment)
+    try:
+        assessment = _assess(hotfix, parsed, result)
+    finally:
+        if not _sharing:  # assessed alone: nothing else will read this tree
+            parsed.tree = parsed.index = None
+    parsed.assessments[hotfix.name] = (hotfix, assessment)
     return assessment
 
 
-# Per record, its last (record, path, text) and assessment: one entry each, replaced, never grown.
-_last_assessment = {}
-
-
-def _assess_text(hotfix, path, text, result):
+def _assess(hotfix, parsed, result):
     try:
-        tree = _parses.parse(text, path)
+        tree = parsed.parse()
     except (SyntaxError, ValueError, RecursionError, MemoryError) as error:  # the last two: too deeply nested
-        return result(Verdict.UNKNOWN, "cannot read %s as Python: %s: %s" % (path, type(error).__name__, error))
+        return result(Verdict.UNKNOWN, "cannot read %s as Python: %s: %s" % (parsed.path, type(error).__name__, error))
     try:
         # Always the full analysis of the live definitions: the release table
         # only names the releases that share the fingerprint. A method whose
@@ -360,13 +389,9 @@ def _assess_text(hotfix, path, text, result):
         classification = hotfix.classify(tree)
     except Exception as error:  # a bug in a record must not take the host down
         return result(Verdict.UNKNOWN, "classifier failed: %s: %s" % (type(error).__name__, error))
-    releases = ()
-    try:
-        known = hotfix.known_fingerprints.get(classification.fingerprint)
-        if known is not None and known[0] is classification.verdict:
-            releases = known[1]
-    except Exception:
-        pass
+    # A release table that cannot be read (ReleaseTable.problem) names no release; the verdict stands.
+    known = hotfix.known_fingerprints.get(classification.fingerprint)
+    releases = known[1] if known is not None and known[0] is classification.verdict else ()
     reason = classification.reason
     if releases:
         reason = "%s; code identical to SGLang %s" % (reason, _releases_text(releases))

@@ -10,6 +10,7 @@ import hook, already imported). Never raises into the host, except
 operator asked for.
 """
 
+import enum
 import logging
 import os
 import types
@@ -43,31 +44,89 @@ def wrapt_problem():
     return None
 
 
-class Decision(Value):
-    """What a process does when the target is imported: ``action`` is one of
-    patch, disabled, excluded, fixed, not-applicable, refuse; ``why`` in words."""
+class Action(str, enum.Enum):
+    """What a process does with a record when its target is imported: the closed set
+    ``decide`` chooses from. ``status --json`` shows the value as ``decision``."""
 
-    __slots__ = ("action", "why")
+    PATCH = "patch"
+    DISABLED = "disabled"  # SGLANG_HOTFIX_TRTLLM_DISABLE: silent
+    EXCLUDED = "excluded"  # SGLang's plugin allowlist leaves this plugin out
+    FIXED = "fixed"  # upstream's fix is there: INFO, the package can go
+    NOT_APPLICABLE = "not-applicable"  # nothing of this record's here: silent
+    UNKNOWN_CODE = "unknown-code"  # refused: the code is not recognised
+    WRAPT_UNUSABLE = "wrapt-unusable"  # refused: wrapt cannot be imported
+
+    def __str__(self):
+        return self.value
+
+
+# The actions that refuse: a warning (SGLang runs unpatched), or in strict mode a stopped import.
+REFUSALS = (Action.UNKNOWN_CODE, Action.WRAPT_UNUSABLE)
+
+
+class Decision(Value):
+    """``decide``'s answer: the ``action``, ``why`` in a few words (status shows
+    it), and the log line the import hook writes for it (``message`` at
+    ``level``; None for the silent actions, and for PATCH, whose line follows
+    the wrapping)."""
+
+    __slots__ = ("action", "why", "message", "level")
+    _defaults = {"message": None, "level": logging.INFO}
 
 
 def decide(hotfix, assessment, current):
     """The one decision, made the same way by the import hook (which acts on
-    it) and by ``status`` (which predicts it). Imports wrapt when the verdict is
+    it) and by ``status`` and ``verify`` (which report it). ``assessment`` is
+    the verdict on the code, or a function returning it: it is asked only when
+    the switches leave the record on. Imports wrapt when the verdict is
     affected and nothing else stands in the way."""
     if current.disables(hotfix.name):
-        return Decision("disabled", current.why_disabled(hotfix.name))
+        return Decision(Action.DISABLED, current.why_disabled(hotfix.name))
+    if callable(assessment):
+        assessment = assessment()
+    path = assessment.source_path
     if current.excluded_by_sglang_plugins:
-        return Decision("excluded", "%s is set and does not name %s" % (switches.SGLANG_PLUGINS, switches.PLUGIN_NAME))
+        return Decision(
+            Action.EXCLUDED,
+            "%s is set and does not name %s" % (switches.SGLANG_PLUGINS, switches.PLUGIN_NAME),
+            "not patching %s: %s=%r does not name %s (SGLang's plugin allowlist); add it there to enable the hotfix"
+            % (hotfix.target, switches.SGLANG_PLUGINS, os.environ.get(switches.SGLANG_PLUGINS), switches.PLUGIN_NAME),
+            # A known bug left unpatched by the allowlist deserves a WARNING; elsewhere it is only information.
+            logging.WARNING if assessment.verdict is Verdict.AFFECTED else logging.INFO,
+        )
     if assessment.verdict is Verdict.FIXED:
-        return Decision("fixed", "nothing to patch: the verdict is fixed")
+        return Decision(
+            Action.FIXED,
+            "nothing to patch: the verdict is fixed",
+            "not patching %s: upstream already has the fix (%s; %s). This package can be removed: %s"
+            % (hotfix.target, _version_text(hotfix, path), assessment.reason, UNINSTALL_HINT),
+        )
     if assessment.verdict is Verdict.NOT_APPLICABLE:
-        return Decision("not-applicable", "nothing to patch: the verdict is not-applicable")
+        return Decision(Action.NOT_APPLICABLE, "nothing to patch: the verdict is not-applicable")
     if assessment.verdict is Verdict.UNKNOWN:
-        return Decision("refuse", "the code is not recognised: %s" % assessment.reason)
+        return Decision(
+            Action.UNKNOWN_CODE,
+            "the code is not recognised: %s" % assessment.reason,
+            "not patching %s: code not recognised (%s, %s, fingerprint %s): %s. Run `sglang-hotfix-trtllm status` "
+            "for details"
+            % (
+                hotfix.target,
+                _version_text(hotfix, path) if path else hotfix.distribution,
+                path or "no source",
+                assessment.fingerprint,
+                assessment.reason,
+            ),
+            logging.WARNING,
+        )
     problem = wrapt_problem()
     if problem is not None:
-        return Decision("refuse", problem)
-    return Decision("patch", "the verdict is affected and wrapt is available")
+        return Decision(
+            Action.WRAPT_UNUSABLE,
+            problem,
+            "could not patch %s (%s, %s): %s" % (hotfix.target, _version_text(hotfix, path), path, problem),
+            logging.WARNING,
+        )
+    return Decision(Action.PATCH, "the verdict is affected and wrapt is available")
 
 
 def _version_text(hotfix, path):
@@ -87,68 +146,32 @@ def _refuse(hotfix, strict, message, cause=None, once=True):
 
 
 def handle(hotfix, module):
-    """Decide and act for one freshly imported target module. Returns the
-    outcome as a short word: patched, already, disabled, excluded, fixed,
-    not-applicable, refused."""
+    """Act on ``decide`` for one freshly imported target module: write the
+    decision's line, or wrap. Returns the decision's action when there was
+    nothing to wrap, else what wrapping gave: "patched", "already" (wrapped
+    before) or "refused" (an action that refuses, or wrapping that failed)."""
     current = switches.read()
     for problem in current.problems:
         say(logging.WARNING, "%s", problem, once_key=("switch", problem))
-    if current.disables(hotfix.name):
-        return "disabled"
-    assessment = detect.assess_module(hotfix, module)
-    decision = decide(hotfix, assessment, current)
-    path = assessment.source_path
+    assessment = None
 
-    if decision.action == "excluded":
-        # A known bug left unpatched by the allowlist deserves a WARNING; elsewhere it is only information.
-        say(
-            logging.WARNING if assessment.verdict is Verdict.AFFECTED else logging.INFO,
-            "not patching %s: %s=%r does not name %s (SGLang's plugin allowlist); add it there to enable the hotfix",
-            hotfix.target,
-            switches.SGLANG_PLUGINS,
-            os.environ.get(switches.SGLANG_PLUGINS),
-            switches.PLUGIN_NAME,
-            once_key=("excluded", hotfix.name),
-        )
-        return "excluded"
-    if decision.action == "fixed":
-        say(
-            logging.INFO,
-            "not patching %s: upstream already has the fix (%s; %s). This package can be removed: %s",
-            hotfix.target,
-            _version_text(hotfix, path),
-            assessment.reason,
-            UNINSTALL_HINT,
-            once_key=("fixed", hotfix.name),
-        )
-        return "fixed"
-    if decision.action == "not-applicable":
-        return "not-applicable"
-    if assessment.verdict is Verdict.UNKNOWN:
-        _refuse(
-            hotfix,
-            current.strict,
-            "not patching %s: code not recognised (%s, %s, fingerprint %s): %s. Run `sglang-hotfix-trtllm status` "
-            "for details"
-            % (
-                hotfix.target,
-                _version_text(hotfix, path) if path else hotfix.distribution,
-                path or "no source",
-                assessment.fingerprint,
-                assessment.reason,
-            ),
-        )
+    def assess():
+        nonlocal assessment
+        assessment = detect.assess_module(hotfix, module)
+        return assessment
+
+    decision = decide(hotfix, assess, current)
+    if decision.action in REFUSALS:
+        _refuse(hotfix, current.strict, decision.message)
         return "refused"
-    if decision.action == "refuse":
-        _refuse(
-            hotfix,
-            current.strict,
-            "could not patch %s (%s, %s): %s" % (hotfix.target, _version_text(hotfix, path), path, decision.why),
-        )
-        return "refused"
+    if decision.action is not Action.PATCH:
+        if decision.message is not None:
+            say(decision.level, "%s", decision.message, once_key=(decision.action.value, hotfix.name))
+        return decision.action
 
     from . import patch
 
+    path = assessment.source_path
     try:
         outcome = patch.wrap(hotfix, module, assessment)
     except patch.NotWrappable as problem:

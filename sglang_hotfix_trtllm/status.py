@@ -67,7 +67,7 @@ def would_patch(decision, startup_active, under_launcher, entry_point, framework
     """(bool, reason, coverage) for a Python process started now in this
     environment: the import hook's own decision (``engine.decide``), then which
     processes a loader arms the hook in (one of the coverage words above)."""
-    if decision.action != "patch":
+    if decision.action is not engine.Action.PATCH:
         return False, decision.why, NONE
     if startup_active:
         return True, COVERAGE_WORDS[EVERY_PROCESS], EVERY_PROCESS
@@ -87,11 +87,11 @@ def would_patch(decision, startup_active, under_launcher, entry_point, framework
 
 
 def exit_status(assessment, decision, patched):
-    if decision.action in ("disabled", "excluded"):
+    if decision.action in (engine.Action.DISABLED, engine.Action.EXCLUDED):
         # The operator's choice, made before any verdict is acted on (the process
         # stands aside silently whatever the code): not an error to fix.
         return EXIT_UNPROTECTED if assessment.verdict in (Verdict.AFFECTED, Verdict.UNKNOWN) else EXIT_OK
-    if assessment.verdict is Verdict.UNKNOWN or decision.action == "refuse":
+    if decision.action in engine.REFUSALS:
         return EXIT_ERROR  # the import hook will refuse: an error to fix, not a choice made
     if assessment.verdict is Verdict.AFFECTED and not patched:
         return EXIT_UNPROTECTED
@@ -125,7 +125,7 @@ def of_environment(hotfix):
             "switches": current.as_dict(),
             "switch_problems": list(current.problems),
             "would_patch": patched,
-            "decision": decision.action,
+            "decision": decision.action.value,
             "would_patch_reason": why,
             "covered_processes": coverage,
         }
@@ -213,7 +213,7 @@ def overall_headline(reports, code):
     affected = [r for r in reports if r["verdict"] == "affected"]
     names = lambda rs: ", ".join(r["hotfix"] for r in rs)  # noqa: E731
     if code == EXIT_ERROR:
-        failing = [r for r in reports if r["decision"] == "refuse"]
+        failing = [r for r in reports if r["decision"] in [action.value for action in engine.REFUSALS]]
         return "CANNOT PATCH: record %s: %s" % (
             names(failing),
             "; ".join("%s: %s" % (r["hotfix"], r["would_patch_reason"]) for r in failing),

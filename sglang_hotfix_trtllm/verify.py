@@ -32,7 +32,7 @@ def verify(hotfix, out, err):
         err("cannot verify: the installed code is not recognised (fingerprint %s)" % assessment.fingerprint)
         return EXIT_ERROR
     decision = engine.decide(hotfix, assessment, switches.read())
-    if decision.action in ("disabled", "excluded"):
+    if decision.action in (engine.Action.DISABLED, engine.Action.EXCLUDED):
         # What a process does here is what matters: it would run SGLang's code unpatched.
         out(
             "NOT VERIFIED: record %s is turned off (%s); processes here run SGLang's code unpatched"

@@ -78,3 +78,28 @@ def test_release_0_5_13_is_fixed_and_nothing_is_wrapped(scenario, sglang_release
     assert ran.result["attribute_type"] is None and ran.result["wrappers_in_class"] == []
     lines = ran.hotfix_lines()
     assert len(lines) == 1 and "upstream already has the fix" in lines[0] and "sglang 0.5.13" in lines[0]
+
+
+def test_status_and_the_import_hook_act_on_engine_decide_alone(monkeypatch):
+    """`decide` is the one place a process's action is chosen: with it answering DISABLED for
+    every record, status reports exactly that, and the import hook stands aside (in-process,
+    on 0.5.12's own class compiled from its release file)."""
+    import isolated_release
+    import release_selection
+
+    from sglang_hotfix_trtllm import engine, status
+    from sglang_hotfix_trtllm.records import pr26521
+
+    said = engine.Decision(engine.Action.DISABLED, "the test's decide says so")
+    monkeypatch.setattr(engine, "decide", lambda hotfix, assessment, current: said)
+    report, _, code = status.of_environment(pr26521.HOTFIX)
+    assert (report["decision"], report["would_patch"], report["would_patch_reason"], code) == (
+        "disabled",
+        False,
+        "the test's decide says so",
+        status.EXIT_UNPROTECTED,
+    )
+    module = isolated_release.load_backend_module(release_selection.release_dir("0.5.12"))
+    before = module.TRTLLMHAAttnBackend.__dict__[pr26521.METHOD_NAME]
+    assert engine.handle(pr26521.HOTFIX, module) is engine.Action.DISABLED
+    assert module.TRTLLMHAAttnBackend.__dict__[pr26521.METHOD_NAME] is before
