@@ -19,6 +19,7 @@ module, or the method's name used as a string (``setattr(cls, "name", f)``).
 import ast
 
 from . import source
+
 from .record import Value, Verdict
 
 _DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
@@ -256,14 +257,6 @@ def first_line_of(function):
     """The line a function's code object reports as ``co_firstlineno`` (the
     first decorator's line, if any)."""
     return min([function.lineno] + [d.lineno for d in function.decorator_list])
-
-
-def is_docstring(statement):
-    return (
-        isinstance(statement, ast.Expr)
-        and isinstance(statement.value, ast.Constant)
-        and isinstance(statement.value.value, str)
-    )
 
 
 # --------------------------------------------------------------------------

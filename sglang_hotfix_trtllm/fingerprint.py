@@ -15,7 +15,8 @@ import hashlib
 PREFIX = "ast1:"
 
 
-def _is_docstring(node):
+def is_docstring(node):
+    """True for a statement that is a docstring (a bare string expression)."""
     return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
 
 
@@ -29,7 +30,7 @@ def _canonical(node, out):
             value = getattr(node, field, None)
             if value is None or value == []:
                 continue
-            if field == "body" and isinstance(value, list) and value and _is_docstring(value[0]):
+            if field == "body" and isinstance(value, list) and value and is_docstring(value[0]):
                 value = value[1:]
             out.append(field)
             out.append("=")

@@ -21,6 +21,8 @@ sys.path.insert(0, str(HERE.parent / "tools"))
 # must exercise the installed wheel, never the source tree beside them.
 sys.path[:] = [p for p in sys.path if pathlib.Path(p or os.getcwd()).resolve() != REPO]
 
+# What a class attribute's type is called when the hotfix wrapped it, and when it did not.
+PATCHED, UNPATCHED = "HotfixWrapper", "function"
 OUR_VARIABLES = ("SGLANG_HOTFIX_TRTLLM_DISABLE", "SGLANG_HOTFIX_TRTLLM_STRICT", "SGLANG_PLUGINS")
 TARGET_RELATIVE = pathlib.Path("srt", "layers", "attention", "trtllm_mha_backend.py")
 

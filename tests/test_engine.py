@@ -3,9 +3,7 @@
 import pytest
 
 import variants
-from conftest import clean_env
-
-PATCHED, UNPATCHED = "HotfixWrapper", "function"
+from conftest import PATCHED, UNPATCHED, clean_env
 
 
 def test_disable_switch_leaves_sglang_alone_and_silent(scenario):

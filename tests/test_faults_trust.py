@@ -22,11 +22,10 @@ import zipfile
 import pytest
 
 import variants
-from conftest import SUPPORT, TARGET_RELATIVE, Ran, clean_env, run_python, shadow
+from conftest import PATCHED, Ran, SUPPORT, TARGET_RELATIVE, clean_env, run_python, shadow
 from sglang_hotfix_trtllm.records import pr26521
 from sglang_hotfix_trtllm.record import Verdict
 
-PATCHED = "HotfixWrapper"
 CLI = shutil.which("sglang-hotfix-trtllm", path=os.path.dirname(sys.executable))
 
 
@@ -592,7 +591,7 @@ def test_apply_while_the_backend_is_still_executing_waits_for_its_import(
         prefix = "import sys; sys.path[1:1] = [%r, %r, %r]; " % (str(helper), str(root), venv_site_packages)
         ran = run_python(["-S", "-c", prefix + check], cwd=tmp_path, env=clean_env(SGLANG_HOTFIX_TRTLLM_STRICT="1"))
     assert ran.returncode == 0, ran
-    assert ran.result == ["HotfixWrapper", "HotfixWrapper"]
+    assert ran.result == [PATCHED, PATCHED]
     lines = ran.hotfix_lines(record=None)
     assert [line for line in lines if "WARNING" in line] == [], lines
     assert sum("INFO: patched" in line for line in lines) == 2, lines

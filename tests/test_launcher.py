@@ -8,7 +8,7 @@ the --target folder, so only the launcher can load the hotfix."""
 import os
 import subprocess
 
-from conftest import SUPPORT, Ran, clean_env
+from conftest import PATCHED, Ran, SUPPORT, clean_env
 
 
 def launch(bare_python, target_install, venv_site_packages, tmp_path, *command, extra_path=()):
@@ -51,7 +51,7 @@ def test_launcher_protects_command_and_its_spawned_children(bare_python, target_
         "spawn_child",
     )
     assert ran.returncode == 0, ran
-    assert ran.result["child"]["attribute_type"] == "HotfixWrapper"
+    assert ran.result["child"]["attribute_type"] == PATCHED
     assert ran.result["child"]["module_file"].startswith(venv_site_packages)
 
 
@@ -89,7 +89,7 @@ def test_launcher_with_existing_sitecustomize_still_patches_spawned_children(
         extra_path=[str(image)],
     )
     assert ran.returncode == 0, ran
-    assert ran.result["child"]["attribute_type"] == "HotfixWrapper"
+    assert ran.result["child"]["attribute_type"] == PATCHED
     # Once in `run` itself before it execs, then in the command and in each Python
     # process that command spawns (the child, and multiprocessing's resource tracker).
     assert ran.stderr.count("image sitecustomize ran") >= 3

@@ -12,7 +12,7 @@ import zipfile
 import pytest
 
 import variants
-from conftest import REPO, SUPPORT, TARGET_RELATIVE, Ran, clean_env
+from conftest import PATCHED, REPO, Ran, SUPPORT, TARGET_RELATIVE, clean_env
 
 CLI = shutil.which("sglang-hotfix-trtllm", path=os.path.dirname(sys.executable))
 
@@ -252,7 +252,7 @@ def test_run_never_shadows_the_images_wrapt(tmp_path, bare_python, plugin_wheel,
     assert under_run.returncode == 0, under_run
     assert under_run.result["wrapt_file"].startswith(venv_site_packages), under_run.result
     assert under_run.result["wrapt_version"] != "1.17.2"
-    assert under_run.result["attribute_type"] == "HotfixWrapper"
+    assert under_run.result["attribute_type"] == PATCHED
 
 
 # --- round 2: the kill switch fails safe; one headline; which processes are covered ---

@@ -2,12 +2,14 @@
 module, with real tensors on CPU. The oracle is the installed method with
 PR #26521's statement inserted (tests/support/upstream_fix.py)."""
 
+from conftest import PATCHED
+
 
 def test_import_patches_the_real_module(scenario):
     ran = scenario("import_only")
     assert ran.returncode == 0, ran
     result = ran.result
-    assert result["attribute_type"] == "HotfixWrapper"
+    assert result["attribute_type"] == PATCHED
     assert result["wrapped_type"] == "function" and not result["wrapped_is_wrapper"]
     assert result["wrapped_file"] == result["module_file"]
     # SGLang's module keeps its own loader: the hook leaves no trace on it.
@@ -59,7 +61,7 @@ def test_only_the_method_changes_and_remove_restores_it(scenario):
     assert ran.returncode == 0, ran
     r = ran.result
     assert r["first"] is True and r["second"] is True
-    assert r["first_type"] == "HotfixWrapper" and r["wrapped_is_original"]
+    assert r["first_type"] == PATCHED and r["wrapped_is_original"]
     assert r["same_wrapper_after_second_apply"], "applying twice must be a no-op"
     assert r["changed"] == ["__init__", "init_forward_metadata_capture_cuda_graph"]  # one method per record
     assert r["signature_after"] == r["signature_before"]

@@ -46,7 +46,7 @@ import ast
 import os
 
 from .. import detect, logs
-from ..fingerprint import of_node
+from ..fingerprint import is_docstring, of_node
 from ..record import Classification, Hotfix, Verdict
 from ..release_table import ReleaseTable
 
@@ -220,7 +220,7 @@ def classify(tree):
     if problem:
         return unknown(problem)
 
-    body = [s for s in method.body if not detect.is_docstring(s)]
+    body = [s for s in method.body if not is_docstring(s)]
     texts = [ast.unparse(s) for s in body]
     resolver, problem = methods[RESOLVER]
     if problem:

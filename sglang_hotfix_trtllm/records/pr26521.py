@@ -29,7 +29,7 @@ import ast
 import os
 
 from .. import detect, logs
-from ..fingerprint import of_node
+from ..fingerprint import is_docstring, of_node
 from ..record import Classification, Hotfix, Verdict
 from ..release_table import ReleaseTable
 
@@ -137,9 +137,8 @@ def _is_decode_test(node):
 
 
 def _draft_decode_path(method):
-    """(statements a draft-decode capture runs, index of the draft body's first
-    one) or (None, why not)."""
-    body = [s for s in method.body if not detect.is_docstring(s)]
+    """(the statements a draft-decode capture runs, "") or (None, why not)."""
+    body = [s for s in method.body if not is_docstring(s)]
     index = next((i for i, s in enumerate(body) if isinstance(s, ast.If) and _is_decode_test(s.test)), None)
     if index is None:
         return None, "no top-level `if forward_mode.is_decode_or_idle():` branch"
@@ -148,7 +147,7 @@ def _draft_decode_path(method):
         isinstance(branch.body[0], ast.If) and ast.unparse(branch.body[0].test) == "spec_info is not None"
     ):
         return None, "the decode branch is not a single `if spec_info is not None:` (draft decode) split"
-    return body[:index] + branch.body[0].body + body[index + 1 :], index
+    return body[:index] + branch.body[0].body + body[index + 1 :], ""
 
 
 def _unrecognised_helper_calls(tree, cls, path):
@@ -203,9 +202,9 @@ def classify(tree):
     if problem:
         return unknown(problem)
 
-    path, index = _draft_decode_path(method)
+    path, problem = _draft_decode_path(method)
     if path is None:
-        return unknown(index)
+        return unknown(problem)
     texts = [ast.unparse(s) for s in path]
     if texts.count(BINDING) != 1:
         return unknown(
