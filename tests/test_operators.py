@@ -166,40 +166,43 @@ def test_a_stale_build_folder_does_not_reach_the_wheel(tmp_path):
 # --- offline install and run's precedence --------------------------------------------
 
 
-def test_offline_recipe_installs_with_no_index(tmp_path, plugin_wheel):
-    """README's air-gapped recipe: fetch the wrapt wheel for the target's Python and
-    platform ahead of time, then install both with --no-index."""
+@pytest.fixture
+def offline_wheels(tmp_path, plugin_wheel):
+    """The README's air-gapped folder: the plugin's wheel and wrapt's for this Python and platform,
+    fetched ahead of time (the one step that needs an index)."""
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     shutil.copy(plugin_wheel, wheels)
     version = "%d.%d" % sys.version_info[:2]
+    platforms = ["--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64"]
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "-q",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--python-version",
-            version,
-            "--platform",
-            "manylinux2014_x86_64",
-            "--platform",
-            "manylinux_2_17_x86_64",
-            "-d",
-            str(wheels),
-            "wrapt>=1.14",
-        ],
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", version]
+        + platforms
+        + ["-d", str(wheels), "wrapt>=1.14"],
         check=True,
         timeout=300,
     )
+    return wheels
+
+
+def test_offline_recipe_installs_with_no_index(tmp_path, offline_wheels):
+    """README's air-gapped recipe: fetch the wrapt wheel for the target's Python and
+    platform ahead of time, then install both with --no-index."""
     venv = tmp_path / "target-venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     python = str(venv / "bin" / "python")
     subprocess.run(
-        [python, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheels), "sglang-hotfix-trtllm"],
+        [
+            python,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--find-links",
+            str(offline_wheels),
+            "sglang-hotfix-trtllm",
+        ],
         check=True,
         timeout=300,
     )
@@ -415,36 +418,10 @@ def test_an_empty_backend_file_is_unknown_for_every_record(tmp_path):
 
 
 def test_offline_init_container_recipe_installs_into_a_target_folder_with_the_network_cut(
-    tmp_path, plugin_wheel, bare_python
+    tmp_path, offline_wheels, bare_python
 ):
     """README's offline Kubernetes variant: the wrapt wheel beside the plugin's, `--no-index
     --target`, every proxy pointed at a closed port; then `run` arms the hook in the command."""
-    wheels = tmp_path / "wheels"
-    wheels.mkdir()
-    shutil.copy(plugin_wheel, wheels)
-    version = "%d.%d" % sys.version_info[:2]
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "-q",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--python-version",
-            version,
-            "--platform",
-            "manylinux2014_x86_64",
-            "--platform",
-            "manylinux_2_17_x86_64",
-            "-d",
-            str(wheels),
-            "wrapt>=1.14",
-        ],
-        check=True,
-        timeout=300,
-    )
     cut = {name: "http://127.0.0.1:9" for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")}
     target = tmp_path / "opt-hotfix"
     subprocess.run(
@@ -457,7 +434,7 @@ def test_offline_init_container_recipe_installs_into_a_target_folder_with_the_ne
             "--no-cache-dir",
             "--no-index",
             "--find-links",
-            str(wheels),
+            str(offline_wheels),
             "--target",
             str(target),
             "sglang-hotfix-trtllm",
