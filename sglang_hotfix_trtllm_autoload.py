@@ -228,36 +228,32 @@ def startup_line():
     """The line of ``sglang_hotfix_trtllm.pth`` (a test holds the shipped file to it).
 
     Unless a marked finder is armed already (site reads this file twice in a
-    3.11 venv), a lambda, evaluated with globals of its own that hold
-    ``_LOOKUP`` as ``G`` (globals holding site's namespace would keep it alive
-    to the end, which costs more than the eval), gets ``find_spec`` and
-    ``FINDER_MARK`` as attributes and goes first on ``sys.meta_path``. The one
-    name the line binds is its own: site runs the line in the frame of its
-    ``addpackage``."""
+    venv), a lambda, evaluated with globals of its own that hold ``_LOOKUP`` as
+    ``G`` (globals holding site's namespace would keep it alive to the end,
+    which costs more than the eval), gets ``find_spec`` and ``FINDER_MARK`` as
+    attributes and goes first on ``sys.meta_path``. site runs the line with
+    ``exec`` in its ``addpackage``, whose locals it only sees as a snapshot:
+    the names the line binds (``sys``, ``_f``) go nowhere else.
+
+    Every token here is compiled at every start, twice in a venv
+    (docs/costs.md): the "already armed?" test is a list comprehension (inlined
+    from Python 3.12 on, where a generator expression compiles a code object of
+    its own), and it asks each finder ``getattr(finder, FINDER_MARK, 0)``
+    without first checking the finder's type. A finder of another ``.pth``
+    whose unknown attributes raise anything but AttributeError then stops the
+    line (site prints it; the hook stays unarmed, and SGLang's plugin loader
+    still arms it in SGLang's processes): guarding against that costs 0.14 M
+    instructions a start, 0.3 %, in every process, which is more than this
+    line may cost (decided in 0.4.0; docs/design.md, Limits).
+    """
     # The finder protocol's parameter names and defaults, so that a caller passing them by keyword is served.
     watched = " and ".join("fullname!=%r" % name for name in sorted(WATCHED_MODULES))
     finder = (
         "lambda fullname,path=None,target=None,g={}:None if %s else exec(G,g,{'args':(fullname,path,target)})"
         "or g.pop('spec',None)" % watched
     )
-    name = FINDER_MARK
-    arm = "%s=eval(%r,{'G':%r});%s.find_spec=%s;%s.%s=True;sys.meta_path.insert(0,%s)" % (
-        name,
-        finder,
-        _LOOKUP,
-        name,
-        name,
-        name,
-        FINDER_MARK,
-        name,
-    )
-    # Only functions are asked for the mark (every copy of the finder is one): a function's unknown
-    # attribute raises AttributeError, which getattr's default absorbs, where another .pth's finder
-    # object may raise anything from its __getattr__.
-    return (
-        "import sys;any(type(f).__name__=='function'and getattr(f,%r,0)is True for f in sys.meta_path)or exec(%r)"
-        % (FINDER_MARK, arm)
-    )
+    arm = "_f=eval(%r,{'G':%r});_f.find_spec=_f;_f.%s=True;sys.meta_path.insert(0,_f)" % (finder, _LOOKUP, FINDER_MARK)
+    return "import sys;any([getattr(f,%r,0)is True for f in sys.meta_path])or exec(%r)" % (FINDER_MARK, arm)
 
 
 # The first line of the .pth, for whoever opens it in site-packages: site skips
