@@ -39,17 +39,45 @@ import gpu_carry  # noqa: E402
 REPO = gpu_carry.REPO
 OUT = REPO / ".e2e"
 SERVER_PACKAGES = [
-    "fastapi==0.116.1", "starlette==0.47.2", "uvicorn", "msgspec", "setproctitle", "python-multipart", "dill",
-    "jsonschema", "referencing", "rpds-py", "jsonschema-specifications", "soundfile==0.13.1", "cffi", "pycparser",
-    "interegular", "h11",
+    "fastapi==0.116.1",
+    "starlette==0.47.2",
+    "uvicorn",
+    "msgspec",
+    "setproctitle",
+    "python-multipart",
+    "dill",
+    "jsonschema",
+    "referencing",
+    "rpds-py",
+    "jsonschema-specifications",
+    "soundfile==0.13.1",
+    "cffi",
+    "pycparser",
+    "interegular",
+    "h11",
 ]
 SGL_KERNEL = "sglang-kernel==0.4.2.post2"
 KEEP_FROM_SGL_KERNEL = ("sgl_kernel/sm90/common_ops.abi3.so",)
 
 
 def pip_target(target, specs, python_version="3.12"):
-    command = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--only-binary=:all:",
-               "--python-version", python_version, "--implementation", "cp", "--target", str(target), "--upgrade"]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--no-deps",
+        "--no-compile",
+        "--only-binary=:all:",
+        "--python-version",
+        python_version,
+        "--implementation",
+        "cp",
+        "--target",
+        str(target),
+        "--upgrade",
+    ]
     for platform in gpu_carry.PLATFORMS:
         command += ["--platform", platform]
     subprocess.run(command + list(specs), check=True, timeout=1200)
@@ -86,12 +114,21 @@ def main():
     lib = OUT / "lib"
     lib.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch:
-        subprocess.run("apt-get download libnuma1 && dpkg -x libnuma1_*.deb x && cp -L x/usr/lib/x86_64-linux-gnu/libnuma.so.1 %s/"
-                       % lib, shell=True, cwd=scratch, check=True, timeout=300)
+        subprocess.run(
+            "apt-get download libnuma1 && dpkg -x libnuma1_*.deb x && cp -L x/usr/lib/x86_64-linux-gnu/libnuma.so.1 %s/"
+            % lib,
+            shell=True,
+            cwd=scratch,
+            check=True,
+            timeout=300,
+        )
     for old in OUT.glob("sglang_hotfix_trtllm-*.whl"):
         old.unlink()
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(OUT), str(REPO)],
-                   check=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(OUT), str(REPO)],
+        check=True,
+        timeout=300,
+    )
     shutil.rmtree(REPO / "build", ignore_errors=True)
     print("%s: %.1f MB" % (OUT, sum(p.stat().st_size for p in OUT.iterdir()) / 1e6))
 

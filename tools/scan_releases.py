@@ -124,9 +124,21 @@ def fetch(cache, release):
         return folder
     with tempfile.TemporaryDirectory() as download:
         _pip(
-            "download", "--no-deps", "--quiet", "--only-binary=:all:",
-            "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
-            "--platform", "manylinux_2_34_x86_64", "-d", download, "sglang==" + release,
+            "download",
+            "--no-deps",
+            "--quiet",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.11",
+            "--implementation",
+            "cp",
+            "--abi",
+            "cp311",
+            "--platform",
+            "manylinux_2_34_x86_64",
+            "-d",
+            download,
+            "sglang==" + release,
         )
         (wheel,) = pathlib.Path(download).glob("sglang-*.whl")
         with zipfile.ZipFile(wheel) as archive:
@@ -156,9 +168,20 @@ def scan(cache, releases, dates, hotfix):
     for release in releases:
         fetch(cache, release)
         verdict, fingerprint, reason = classify(cache, release, hotfix)
-        rows.append({"release": release, "date": dates.get(release), "verdict": verdict, "fingerprint": fingerprint, "reason": reason})
-        print("%-8s %-14s %-10s %-15s %-22s %s" % (hotfix.name, release, dates.get(release) or "-", verdict, fingerprint, reason),
-              flush=True)
+        rows.append(
+            {
+                "release": release,
+                "date": dates.get(release),
+                "verdict": verdict,
+                "fingerprint": fingerprint,
+                "reason": reason,
+            }
+        )
+        print(
+            "%-8s %-14s %-10s %-15s %-22s %s"
+            % (hotfix.name, release, dates.get(release) or "-", verdict, fingerprint, reason),
+            flush=True,
+        )
     return rows
 
 
@@ -189,11 +212,20 @@ def readme_table(rows):
     ]
     for (verdict, fingerprint), group in _ranges(rows):
         first, last = group[0], group[-1]
-        names = first["release"] if first is last else "%s … %s (%d releases)" % (first["release"], last["release"], len(group))
+        names = (
+            first["release"]
+            if first is last
+            else "%s … %s (%d releases)" % (first["release"], last["release"], len(group))
+        )
         dates = first["date"] or "?" if first is last else "%s … %s" % (first["date"] or "?", last["date"] or "?")
-        action = {"affected": "patches", "fixed": "nothing; says it can be removed",
-                  "not-applicable": "nothing: the code it repairs is not there"}.get(verdict, "refuses")
-        lines.append("| %s | %s | %s | %s | %s |" % (names, dates, verdict, "`%s`" % fingerprint if fingerprint else "–", action))
+        action = {
+            "affected": "patches",
+            "fixed": "nothing; says it can be removed",
+            "not-applicable": "nothing: the code it repairs is not there",
+        }.get(verdict, "refuses")
+        lines.append(
+            "| %s | %s | %s | %s | %s |" % (names, dates, verdict, "`%s`" % fingerprint if fingerprint else "–", action)
+        )
     return "\n".join(lines)
 
 
@@ -217,7 +249,10 @@ def main(argv=None):
         counts = {}
         for row in rows:
             counts[row["verdict"]] = counts.get(row["verdict"], 0) + 1
-        print("%s: %d releases: %s" % (hotfix.name, len(rows), ", ".join("%d %s" % (n, v) for v, n in sorted(counts.items()))))
+        print(
+            "%s: %d releases: %s"
+            % (hotfix.name, len(rows), ", ".join("%d %s" % (n, v) for v, n in sorted(counts.items())))
+        )
         if arguments.write:
             table = pathlib.Path(hotfix.known_fingerprints.path)
             table.write_text(json.dumps(table_data(rows, hotfix), indent=1) + "\n", encoding="utf-8")

@@ -65,6 +65,7 @@ def import_sglang():
     try:
         import sglang.srt.layers.attention.trtllm_mha_backend as backend
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
         maybe_detect_nan = sglang_function("sglang/srt/speculative/spec_utils.py", "maybe_detect_nan")
     finally:
         torch.cuda.is_available = real
@@ -92,8 +93,9 @@ def use_kernel(backend_module, dry_run):
     """Give the backend module its ``flashinfer`` (the real one, or on a CPU dry
     run a torch stand-in for the decode kernel); returns which, in words."""
     if dry_run:
-        backend_module.flashinfer = types.SimpleNamespace(decode=types.SimpleNamespace(
-            trtllm_batch_decode_with_kv_cache=torch_decode_kernel))
+        backend_module.flashinfer = types.SimpleNamespace(
+            decode=types.SimpleNamespace(trtllm_batch_decode_with_kv_cache=torch_decode_kernel)
+        )
         return "torch stand-in (CPU dry run)"
     import flashinfer
     import flashinfer.decode
@@ -102,8 +104,20 @@ def use_kernel(backend_module, dry_run):
     return "flashinfer %s trtllm_batch_decode_with_kv_cache" % flashinfer.__version__
 
 
-def torch_decode_kernel(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len, bmm1_scale, bmm2_scale,
-                        window_left, sinks, skip_softmax_threshold_scale_factor, out_dtype):
+def torch_decode_kernel(
+    query,
+    kv_cache,
+    workspace_buffer,
+    block_tables,
+    seq_lens,
+    max_seq_len,
+    bmm1_scale,
+    bmm2_scale,
+    window_left,
+    sinks,
+    skip_softmax_threshold_scale_factor,
+    out_dtype,
+):
     """--cpu-dry-run only: the kernel's contract in torch (paged KV in
     [pages, kv heads, page, dim] layout, rows bounded by seq_lens)."""
     k_cache, v_cache = kv_cache
@@ -128,7 +142,7 @@ def attention(q, k, v, lengths, scale):
 def reference(q, k_flat, v_flat, lengths, tokens):
     """fp32 attention over ``lengths`` keys at KV-pool slots ``tokens`` [bs, L]."""
     tokens = tokens.long()
-    return attention(q.float(), k_flat[tokens].float(), v_flat[tokens].float(), lengths, HEAD_DIM ** -0.5)
+    return attention(q.float(), k_flat[tokens].float(), v_flat[tokens].float(), lengths, HEAD_DIM**-0.5)
 
 
 def make_draft_backend(backend_module, device, workspace):
@@ -141,9 +155,16 @@ def make_draft_backend(backend_module, device, workspace):
     draft.page_size = PAGE_SIZE
     draft.attn_backends = []
     for step in range(NUM_STEPS - 1):
-        b = backend_without_model_runner(backend_module.TRTLLMHAAttnBackend, device=device, step_id=step, max_bs=MAX_BS,
-                                         max_num_tokens=MAX_BS, max_context_len=MAX_CONTEXT, page_size=PAGE_SIZE,
-                                         num_draft_tokens=NUM_STEPS)
+        b = backend_without_model_runner(
+            backend_module.TRTLLMHAAttnBackend,
+            device=device,
+            step_id=step,
+            max_bs=MAX_BS,
+            max_num_tokens=MAX_BS,
+            max_context_len=MAX_CONTEXT,
+            page_size=PAGE_SIZE,
+            num_draft_tokens=NUM_STEPS,
+        )
         # What __init__ would take from the model runner, for forward_decode.
         b.data_type, b.q_data_type = DTYPE, DTYPE
         b.is_xqa_impl = device.type == "cuda" and torch.cuda.get_device_capability()[0] in (9, 12)
@@ -204,11 +225,22 @@ def main():
     k_flat, v_flat = pool.get_kv_buffer(0)
     k_flat.copy_(torch.randn(k_flat.shape, generator=generator).to(DTYPE))
     v_flat.copy_(torch.randn(v_flat.shape, generator=generator).to(DTYPE))
-    layer = types.SimpleNamespace(layer_id=0, tp_q_head_num=Q_HEADS, tp_k_head_num=KV_HEADS, tp_v_head_num=KV_HEADS,
-                                  head_dim=HEAD_DIM, scaling=HEAD_DIM ** -0.5, sliding_window_size=-1, k_scale=None,
-                                  v_scale=None, k_scale_float=None)
+    layer = types.SimpleNamespace(
+        layer_id=0,
+        tp_q_head_num=Q_HEADS,
+        tp_k_head_num=KV_HEADS,
+        tp_v_head_num=KV_HEADS,
+        head_dim=HEAD_DIM,
+        scaling=HEAD_DIM**-0.5,
+        sliding_window_size=-1,
+        k_scale=None,
+        v_scale=None,
+        k_scale_float=None,
+    )
     forward_batch = types.SimpleNamespace(token_to_kv_pool=pool, out_cache_loc=None)
-    spec_info = types.SimpleNamespace(is_draft_input=lambda: True)  # the draft runner's EagleDraftInput, as the backends see it
+    spec_info = types.SimpleNamespace(
+        is_draft_input=lambda: True
+    )  # the draft runner's EagleDraftInput, as the backends see it
     workspace = torch.zeros(128 * 1024 * 1024, dtype=torch.uint8, device=device)
 
     draft = make_draft_backend(backend_module, device, workspace)
@@ -224,8 +256,14 @@ def main():
     for bs in sorted(BATCH_SIZES, reverse=True):
         seq_lens = torch.full((bs,), fill, dtype=torch.int64, device=device)
         req_pool_indices = torch.zeros(bs, dtype=torch.int64, device=device)
-        batch = types.SimpleNamespace(batch_size=bs, req_pool_indices=req_pool_indices, seq_lens=seq_lens,
-                                      encoder_lens=None, spec_info=spec_info, forward_mode=ForwardMode.DECODE)
+        batch = types.SimpleNamespace(
+            batch_size=bs,
+            req_pool_indices=req_pool_indices,
+            seq_lens=seq_lens,
+            encoder_lens=None,
+            spec_info=spec_info,
+            forward_mode=ForwardMode.DECODE,
+        )
         synchronize()
         start = time.perf_counter()
         draft.init_forward_metadata_capture_cuda_graph(batch)
@@ -234,11 +272,14 @@ def main():
         q_static[:, :bs].copy_(torch.randn(steps, bs, Q_HEADS, HEAD_DIM, generator=generator).to(DTYPE))
 
         def forward(bs=bs):
-            return torch.stack([
-                b.forward_decode(q_static[step, :bs], None, None, layer, forward_batch, save_kv_cache=False)
-                .view(bs, Q_HEADS, HEAD_DIM)
-                for step, b in enumerate(draft.attn_backends)
-            ])
+            return torch.stack(
+                [
+                    b.forward_decode(q_static[step, :bs], None, None, layer, forward_batch, save_kv_cache=False).view(
+                        bs, Q_HEADS, HEAD_DIM
+                    )
+                    for step, b in enumerate(draft.attn_backends)
+                ]
+            )
 
         # Two eager warm-up forwards before capture, as SGLang's runner does: where upstream's NaN appears.
         forward()
@@ -255,8 +296,11 @@ def main():
         for step, b in enumerate(draft.attn_backends):
             # The true lengths at capture, through the pages the capture bound.
             true_lengths = seq_lens + step + 1
-            tokens = (b.forward_metadata.page_table.long()[:, torch.arange(MAX_CONTEXT, device=device) // PAGE_SIZE] * PAGE_SIZE
-                      + torch.arange(MAX_CONTEXT, device=device) % PAGE_SIZE)
+            tokens = (
+                b.forward_metadata.page_table.long()[:, torch.arange(MAX_CONTEXT, device=device) // PAGE_SIZE]
+                * PAGE_SIZE
+                + torch.arange(MAX_CONTEXT, device=device) % PAGE_SIZE
+            )
             expected = reference(q_static[step, :bs], k_flat, v_flat, true_lengths, tokens)
             got = warm[step].float()
             nan_rows = torch.isnan(got).any(dim=-1).any(dim=-1)
@@ -278,8 +322,17 @@ def main():
             graphs[bs] = (graph, out)
 
     if nan_check:
-        print("RESULT:" + json.dumps({"nan_check": "passed", "batch_sizes": len(checked),
-                                      "patched": type(attribute).__name__ == "HotfixWrapper"}), flush=True)
+        print(
+            "RESULT:"
+            + json.dumps(
+                {
+                    "nan_check": "passed",
+                    "batch_sizes": len(checked),
+                    "patched": type(attribute).__name__ == "HotfixWrapper",
+                }
+            ),
+            flush=True,
+        )
         return 0
     replays, replay_nan, max_error, per_bs = 0, 0, 0.0, {}
     for bs in BATCH_SIZES:
@@ -289,45 +342,66 @@ def main():
             req_pool_indices = torch.randperm(MAX_REQS, generator=generator)[:bs].to(device)
             lengths_cpu = torch.randint(1, MAX_CONTEXT - NUM_STEPS, (bs,), generator=generator)
             lengths = lengths_cpu.to(device)
-            replay_batch = types.SimpleNamespace(batch_size=bs, req_pool_indices=req_pool_indices, seq_lens=lengths,
-                                                 seq_lens_cpu=lengths_cpu, seq_lens_sum=int(lengths_cpu.sum()),
-                                                 encoder_lens=None, spec_info=spec_info, forward_mode=ForwardMode.DECODE)
+            replay_batch = types.SimpleNamespace(
+                batch_size=bs,
+                req_pool_indices=req_pool_indices,
+                seq_lens=lengths,
+                seq_lens_cpu=lengths_cpu,
+                seq_lens_sum=int(lengths_cpu.sum()),
+                encoder_lens=None,
+                spec_info=spec_info,
+                forward_mode=ForwardMode.DECODE,
+            )
             draft.init_forward_metadata_replay_cuda_graph(replay_batch, bs)
             q_static[:, :bs].copy_(torch.randn(steps, bs, Q_HEADS, HEAD_DIM, generator=generator).to(DTYPE))
             graph.replay()
             synchronize()
             for step in range(steps):
-                expected = reference(q_static[step, :bs], k_flat, v_flat, lengths + step + 1, req_to_token[req_pool_indices])
+                expected = reference(
+                    q_static[step, :bs], k_flat, v_flat, lengths + step + 1, req_to_token[req_pool_indices]
+                )
                 errors.append(float((out[step].float() - expected).abs().max()))
             replay_nan += int(torch.isnan(out).any())
             replays += 1
         per_bs[bs] = max(errors)
         max_error = max(max_error, max(errors))
 
-    print("RESULT:" + json.dumps({
-        "patched": type(attribute).__name__ == "HotfixWrapper",
-        "attribute_type": type(attribute).__name__,
-        "kernel": kernel,
-        "xqa": draft.attn_backends[0].is_xqa_impl,
-        "device": "cpu (dry run)" if dry_run else torch.cuda.get_device_name(),
-        "capability": None if dry_run else list(torch.cuda.get_device_capability()),
-        "torch": torch.__version__,
-        "sglang_file": backend_module.__file__,
-        "shape": {"q_heads": Q_HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "page_size": PAGE_SIZE, "dtype": str(DTYPE)},
-        "batch_sizes": list(BATCH_SIZES),
-        "draft_steps": steps,
-        "warmup_rows": warmup["rows"],
-        "warmup_wrong_rows": warmup["wrong_rows"],
-        "warmup_nan_rows": warmup["nan_rows"],
-        "warmup_nan_rows_per_bs": warmup["nan_rows_per_bs"],
-        "warmup_max_error_finite_rows": warmup["max_error_finite"],
-        "replays": replays,
-        "replays_with_nan": replay_nan,
-        "replay_max_abs_error": max_error,
-        "replay_max_abs_error_per_bs": per_bs,
-        "tolerance": TOLERANCE,
-        "capture_metadata_seconds_first_pass": capture_seconds,
-    }), flush=True)
+    print(
+        "RESULT:"
+        + json.dumps(
+            {
+                "patched": type(attribute).__name__ == "HotfixWrapper",
+                "attribute_type": type(attribute).__name__,
+                "kernel": kernel,
+                "xqa": draft.attn_backends[0].is_xqa_impl,
+                "device": "cpu (dry run)" if dry_run else torch.cuda.get_device_name(),
+                "capability": None if dry_run else list(torch.cuda.get_device_capability()),
+                "torch": torch.__version__,
+                "sglang_file": backend_module.__file__,
+                "shape": {
+                    "q_heads": Q_HEADS,
+                    "kv_heads": KV_HEADS,
+                    "head_dim": HEAD_DIM,
+                    "page_size": PAGE_SIZE,
+                    "dtype": str(DTYPE),
+                },
+                "batch_sizes": list(BATCH_SIZES),
+                "draft_steps": steps,
+                "warmup_rows": warmup["rows"],
+                "warmup_wrong_rows": warmup["wrong_rows"],
+                "warmup_nan_rows": warmup["nan_rows"],
+                "warmup_nan_rows_per_bs": warmup["nan_rows_per_bs"],
+                "warmup_max_error_finite_rows": warmup["max_error_finite"],
+                "replays": replays,
+                "replays_with_nan": replay_nan,
+                "replay_max_abs_error": max_error,
+                "replay_max_abs_error_per_bs": per_bs,
+                "tolerance": TOLERANCE,
+                "capture_metadata_seconds_first_pass": capture_seconds,
+            }
+        ),
+        flush=True,
+    )
     return 0
 
 

@@ -35,23 +35,45 @@ def build_tokenizer(folder):
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<s>", "</s>", "<unk>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB, special_tokens=["<s>", "</s>", "<unk>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tokenizer.train_from_iterator(TEXT * 20, trainer)
     tokenizer.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-        "model_max_length": CONTEXT}))
-    (folder / "special_tokens_map.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "unk_token": "<unk>",
+                "model_max_length": CONTEXT,
+            }
+        )
+    )
+    (folder / "special_tokens_map.json").write_text(
+        json.dumps({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"})
+    )
     return tokenizer.get_vocab_size()
 
 
-def common_config():
+def common_config(context=CONTEXT):
     return {
-        "model_type": "llama", "vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE,
-        "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "head_dim": HEAD_DIM,
-        "max_position_embeddings": CONTEXT, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu",
-        "bos_token_id": 0, "eos_token_id": 1, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "model_type": "llama",
+        "vocab_size": VOCAB,
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTERMEDIATE,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+        "head_dim": HEAD_DIM,
+        "max_position_embeddings": context,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "hidden_act": "silu",
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
     }
 
 
@@ -65,7 +87,7 @@ def build_target(folder):
     model.save_pretrained(str(folder), safe_serialization=True)
 
 
-def build_draft(folder):
+def build_draft(folder, context=CONTEXT):
     import torch
     from safetensors.torch import save_file
 
@@ -96,9 +118,14 @@ def build_draft(folder):
         "t2d": torch.ones(VOCAB, dtype=torch.bool),
     }
     save_file(weights, str(folder / "model.safetensors"))
-    config = dict(common_config(), num_hidden_layers=1, architectures=["LlamaForCausalLMEagle3"],
-                  draft_vocab_size=VOCAB, target_hidden_size=HIDDEN,
-                  eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1, 2]})
+    config = dict(
+        common_config(context),
+        num_hidden_layers=1,
+        architectures=["LlamaForCausalLMEagle3"],
+        draft_vocab_size=VOCAB,
+        target_hidden_size=HIDDEN,
+        eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1, 2]},
+    )
     (folder / "config.json").write_text(json.dumps(config, indent=2))
 
 

@@ -36,8 +36,17 @@ import types
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from cuda_graph_worker import (DTYPE, HEAD_DIM, KV_HEADS, PAGE_SIZE, Q_HEADS, TOLERANCE, attention, import_sglang,  # noqa: E402
-                               use_kernel)
+from cuda_graph_worker import (
+    DTYPE,
+    HEAD_DIM,
+    KV_HEADS,
+    PAGE_SIZE,
+    Q_HEADS,
+    TOLERANCE,
+    attention,
+    import_sglang,  # noqa: E402
+    use_kernel,
+)
 
 BATCH = 16
 MAX_CONTEXT = 1024
@@ -51,8 +60,14 @@ def build_pools(device, generator):
 
     size = PAGES * PAGE_SIZE
     common = dict(page_size=PAGE_SIZE, dtype=DTYPE, head_num=KV_HEADS, head_dim=HEAD_DIM, device=device)
-    target = SWAKVPool(size=size, size_swa=size, swa_attention_layer_ids=[0], full_attention_layer_ids=[1],
-                       enable_kvcache_transpose=False, **common)
+    target = SWAKVPool(
+        size=size,
+        size_swa=size,
+        swa_attention_layer_ids=[0],
+        full_attention_layer_ids=[1],
+        enable_kvcache_transpose=False,
+        **common,
+    )
     allocator = SWATokenToKVPoolAllocator(size, size, PAGE_SIZE, DTYPE, device, target, False)
     draft = MHATokenToKVPool(size=size, layer_num=1, enable_memory_saver=False, **common)
     k, v = draft.get_kv_buffer(0)
@@ -97,11 +112,18 @@ def main():
     target, allocator, draft_pool = build_pools(str(device), generator)
     req_to_token = place_requests(allocator, device, generator)
     runner = types.SimpleNamespace(
-        token_to_kv_pool=draft_pool, token_to_kv_pool_allocator=allocator, is_draft_worker=True,
-        spec_algorithm=SpeculativeAlgorithm.EAGLE3, req_to_token_pool=types.SimpleNamespace(req_to_token=req_to_token),
+        token_to_kv_pool=draft_pool,
+        token_to_kv_pool_allocator=allocator,
+        is_draft_worker=True,
+        spec_algorithm=SpeculativeAlgorithm.EAGLE3,
+        req_to_token_pool=types.SimpleNamespace(req_to_token=req_to_token),
         model_config=types.SimpleNamespace(context_len=MAX_CONTEXT, hidden_size=Q_HEADS * HEAD_DIM),
-        kv_cache_dtype=DTYPE, dtype=DTYPE, page_size=PAGE_SIZE, device=str(device),
-        server_args=types.SimpleNamespace(speculative_eagle_topk=1, speculative_num_draft_tokens=4))
+        kv_cache_dtype=DTYPE,
+        dtype=DTYPE,
+        page_size=PAGE_SIZE,
+        device=str(device),
+        server_args=types.SimpleNamespace(speculative_eagle_topk=1, speculative_num_draft_tokens=4),
+    )
     backend = build_draft_backend(backend_module, runner)
     # __init__ asks is_sm90_supported(), which answered while SGLang was imported
     # with CUDA hidden (import_sglang) and keeps that answer: set what it says on this device.
@@ -112,13 +134,30 @@ def main():
     lengths = lengths_cpu.to(device)
     req_pool_indices = torch.arange(BATCH, device=device)
     batch = types.SimpleNamespace(
-        forward_mode=ForwardMode.DECODE, spec_info=types.SimpleNamespace(is_draft_input=lambda: True), batch_size=BATCH,
-        seq_lens=lengths, seq_lens_cpu=lengths_cpu, req_pool_indices=req_pool_indices,
-        req_to_token_pool=runner.req_to_token_pool, token_to_kv_pool=draft_pool, out_cache_loc=None, encoder_lens=None)
+        forward_mode=ForwardMode.DECODE,
+        spec_info=types.SimpleNamespace(is_draft_input=lambda: True),
+        batch_size=BATCH,
+        seq_lens=lengths,
+        seq_lens_cpu=lengths_cpu,
+        req_pool_indices=req_pool_indices,
+        req_to_token_pool=runner.req_to_token_pool,
+        token_to_kv_pool=draft_pool,
+        out_cache_loc=None,
+        encoder_lens=None,
+    )
     backend.init_forward_metadata(batch)
-    layer = types.SimpleNamespace(layer_id=0, tp_q_head_num=Q_HEADS, tp_k_head_num=KV_HEADS, tp_v_head_num=KV_HEADS,
-                                  head_dim=HEAD_DIM, scaling=HEAD_DIM ** -0.5, sliding_window_size=-1, k_scale=None,
-                                  v_scale=None, k_scale_float=None)
+    layer = types.SimpleNamespace(
+        layer_id=0,
+        tp_q_head_num=Q_HEADS,
+        tp_k_head_num=KV_HEADS,
+        tp_v_head_num=KV_HEADS,
+        head_dim=HEAD_DIM,
+        scaling=HEAD_DIM**-0.5,
+        sliding_window_size=-1,
+        k_scale=None,
+        v_scale=None,
+        k_scale_float=None,
+    )
     q = torch.randn(BATCH, Q_HEADS * HEAD_DIM, generator=generator).to(DTYPE).to(device)
     out = backend.forward_decode(q, None, None, layer, batch, save_kv_cache=False).view(BATCH, Q_HEADS, HEAD_DIM)
     if not dry_run:
@@ -126,30 +165,47 @@ def main():
 
     k_flat, v_flat = draft_pool.get_kv_buffer(0)
     tokens = req_to_token[req_pool_indices].long()
-    expected = attention(q.view(BATCH, Q_HEADS, HEAD_DIM).float(), k_flat[tokens].float(), v_flat[tokens].float(),
-                         lengths + STEP_ID + 1, HEAD_DIM ** -0.5)
+    expected = attention(
+        q.view(BATCH, Q_HEADS, HEAD_DIM).float(),
+        k_flat[tokens].float(),
+        v_flat[tokens].float(),
+        lengths + STEP_ID + 1,
+        HEAD_DIM**-0.5,
+    )
     error = (out.float() - expected).abs().amax(dim=(1, 2))
     nan_rows = torch.isnan(out.float()).any(dim=-1).any(dim=-1)
-    print("RESULT:" + json.dumps({
-        "patched": wrapper_type == "HotfixWrapper",
-        "init_attribute_type": wrapper_type,
-        "swa_kv_pool": type(backend._swa_kv_pool).__name__,
-        "use_sliding_window_kv_pool": bool(backend.use_sliding_window_kv_pool),
-        "swa_page_table_used": backend.forward_metadata.swa_page_table is not None,
-        "kernel": kernel,
-        "xqa": bool(backend.is_xqa_impl),
-        "device": "cpu (dry run)" if dry_run else torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "sglang_file": backend_module.__file__,
-        "shape": {"batch": BATCH, "q_heads": Q_HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "page_size": PAGE_SIZE,
-                  "dtype": str(DTYPE)},
-        "rows": BATCH,
-        "wrong_rows": int((nan_rows | (error > TOLERANCE)).sum()),
-        "nan_rows": int(nan_rows.sum()),
-        "max_abs_error": float(error[~nan_rows].max()) if bool((~nan_rows).any()) else None,
-        "min_abs_error": float(error[~nan_rows].min()) if bool((~nan_rows).any()) else None,
-        "tolerance": TOLERANCE,
-    }), flush=True)
+    print(
+        "RESULT:"
+        + json.dumps(
+            {
+                "patched": wrapper_type == "HotfixWrapper",
+                "init_attribute_type": wrapper_type,
+                "swa_kv_pool": type(backend._swa_kv_pool).__name__,
+                "use_sliding_window_kv_pool": bool(backend.use_sliding_window_kv_pool),
+                "swa_page_table_used": backend.forward_metadata.swa_page_table is not None,
+                "kernel": kernel,
+                "xqa": bool(backend.is_xqa_impl),
+                "device": "cpu (dry run)" if dry_run else torch.cuda.get_device_name(),
+                "torch": torch.__version__,
+                "sglang_file": backend_module.__file__,
+                "shape": {
+                    "batch": BATCH,
+                    "q_heads": Q_HEADS,
+                    "kv_heads": KV_HEADS,
+                    "head_dim": HEAD_DIM,
+                    "page_size": PAGE_SIZE,
+                    "dtype": str(DTYPE),
+                },
+                "rows": BATCH,
+                "wrong_rows": int((nan_rows | (error > TOLERANCE)).sum()),
+                "nan_rows": int(nan_rows.sum()),
+                "max_abs_error": float(error[~nan_rows].max()) if bool((~nan_rows).any()) else None,
+                "min_abs_error": float(error[~nan_rows].min()) if bool((~nan_rows).any()) else None,
+                "tolerance": TOLERANCE,
+            }
+        ),
+        flush=True,
+    )
     return 0
 
 

@@ -26,13 +26,17 @@ WORKER = pathlib.Path(__file__).with_name("cuda_graph_worker.py")
 
 
 def run_worker(disabled, *flags):
-    env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_HOTFIX_TRTLLM_DISABLE", "SGLANG_SPEC_NAN_DETECTION")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("SGLANG_HOTFIX_TRTLLM_DISABLE", "SGLANG_SPEC_NAN_DETECTION")
+    }
     env["PYTHONUNBUFFERED"] = "1"
     if disabled:
         env["SGLANG_HOTFIX_TRTLLM_DISABLE"] = "1"
     if "--nan-check" in flags:
         env["SGLANG_SPEC_NAN_DETECTION"] = "1"
-    ran = subprocess.run([sys.executable, str(WORKER)] + list(flags), capture_output=True, text=True, env=env, timeout=900)
+    ran = subprocess.run(
+        [sys.executable, str(WORKER)] + list(flags), capture_output=True, text=True, env=env, timeout=900
+    )
     return ran, result_of("gpu-%s%s" % ("unpatched" if disabled else "patched", "-nan-check" if flags else ""), ran)
 
 
@@ -52,7 +56,9 @@ def patched():
 
 def test_the_real_kernel_runs(unpatched, patched):
     for result in (unpatched, patched):
-        assert result["kernel"].startswith("flashinfer") and result["xqa"] is (torch.cuda.get_device_capability()[0] in (9, 12))
+        assert result["kernel"].startswith("flashinfer") and result["xqa"] is (
+            torch.cuda.get_device_capability()[0] in (9, 12)
+        )
 
 
 def test_without_the_hotfix_every_warmup_row_is_wrong_and_some_are_nan(unpatched):
@@ -79,4 +85,6 @@ def test_sglangs_own_nan_check_fires_without_the_hotfix_and_not_with_it():
     ran, _ = run_worker(True, "--nan-check")
     assert ran.returncode != 0 and "NaN detected! draft_forward step" in ran.stdout + ran.stderr
     ran, result = run_worker(False, "--nan-check")
-    assert ran.returncode == 0 and result == {"nan_check": "passed", "batch_sizes": 6, "patched": True}, ran.stderr[-3000:]
+    assert ran.returncode == 0 and result == {"nan_check": "passed", "batch_sizes": 6, "patched": True}, ran.stderr[
+        -3000:
+    ]

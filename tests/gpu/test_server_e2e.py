@@ -29,18 +29,43 @@ import pytest
 torch = pytest.importorskip("torch")
 SITE = os.environ.get("SGLANG_E2E_SITE")
 WHEEL = os.environ.get("SGLANG_E2E_PLUGIN_WHEEL")
-pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and SITE and WHEEL),
-                                reason="needs a CUDA device, SGLANG_E2E_SITE and SGLANG_E2E_PLUGIN_WHEEL")
+pytestmark = pytest.mark.skipif(
+    not (torch.cuda.is_available() and SITE and WHEEL),
+    reason="needs a CUDA device, SGLANG_E2E_SITE and SGLANG_E2E_PLUGIN_WHEEL",
+)
 
 HERE = pathlib.Path(__file__).resolve().parent
 START_TIMEOUT = 300
 REQUESTS = 12
 SERVER_FLAGS = [
-    "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
-    "--speculative-num-draft-tokens", "4", "--attention-backend", "triton", "--prefill-attention-backend", "triton",
-    "--decode-attention-backend", "trtllm_mha", "--sampling-backend", "pytorch", "--grammar-backend", "none",
-    "--cuda-graph-max-bs", "4", "--mem-fraction-static", "0.3", "--host", "127.0.0.1", "--log-level", "info",
-    "--decode-log-interval", "1",  # one line per decode batch: shows which batch sizes ran on a CUDA graph
+    "--speculative-algorithm",
+    "EAGLE3",
+    "--speculative-num-steps",
+    "3",
+    "--speculative-eagle-topk",
+    "1",
+    "--speculative-num-draft-tokens",
+    "4",
+    "--attention-backend",
+    "triton",
+    "--prefill-attention-backend",
+    "triton",
+    "--decode-attention-backend",
+    "trtllm_mha",
+    "--sampling-backend",
+    "pytorch",
+    "--grammar-backend",
+    "none",
+    "--cuda-graph-max-bs",
+    "4",
+    "--mem-fraction-static",
+    "0.3",
+    "--host",
+    "127.0.0.1",
+    "--log-level",
+    "info",
+    "--decode-log-interval",
+    "1",  # one line per decode batch: shows which batch sizes ran on a CUDA graph
 ]
 # The hotfix's line, in its own format before SGLang configures logging, in SGLang's after.
 PATCHED_LINE = re.compile(r"^.*\bpatched sglang\.srt\.layers\.attention\.trtllm_mha_backend\..*PR #26521.*$", re.M)
@@ -60,8 +85,11 @@ def models(tmp_path_factory):
 def installs(tmp_path_factory):
     """The plugin in a --target folder (for PYTHONPATH and `run`)."""
     target = tmp_path_factory.mktemp("installs") / "target"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(target), WHEEL],
-                   check=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(target), WHEEL],
+        check=True,
+        timeout=300,
+    )
     return {"target": str(target)}
 
 
@@ -96,6 +124,7 @@ def stop(process):
             break
         deadline = time.time() + grace
         while time.time() < deadline:
+            process.poll()  # reap the leader once it exits: a zombie would keep the group alive for killpg
             try:
                 os.killpg(process.pid, 0)
             except ProcessLookupError:
@@ -121,9 +150,15 @@ def healthy(port):
 
 
 def generate(port, index):
-    body = json.dumps({"text": "The quick brown fox %d" % index,
-                       "sampling_params": {"max_new_tokens": 8 + 4 * index, "temperature": 0}}).encode()
-    request = urllib.request.Request("http://127.0.0.1:%d/generate" % port, data=body, headers={"Content-Type": "application/json"})
+    body = json.dumps(
+        {
+            "text": "The quick brown fox %d" % index,
+            "sampling_params": {"max_new_tokens": 8 + 4 * index, "temperature": 0},
+        }
+    ).encode()
+    request = urllib.request.Request(
+        "http://127.0.0.1:%d/generate" % port, data=body, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=120) as response:
         return json.loads(response.read())
 
@@ -133,10 +168,16 @@ def serve(name, command, env, tmp_path, models, send_requests):
     target, draft = models
     port = free_port()
     log_path = tmp_path / ("server-%s.log" % name)
-    argv = command + ["--model-path", str(target), "--speculative-draft-model-path", str(draft), "--port", str(port)] + SERVER_FLAGS
+    argv = (
+        command
+        + ["--model-path", str(target), "--speculative-draft-model-path", str(draft), "--port", str(port)]
+        + SERVER_FLAGS
+    )
     started = time.time()
     with open(log_path, "w") as log:
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=tmp_path)
+        process = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=tmp_path
+        )
     facts = {"name": name, "ready_s": None, "exit_code": None, "answers": 0}
     try:
         while time.time() - started < START_TIMEOUT:
@@ -161,14 +202,17 @@ def serve(name, command, env, tmp_path, models, send_requests):
     facts["nan_assert"] = "NaN detected! draft_forward step 0" in text
     facts["capture_failed"] = "Capture cuda graph failed" in text or "Capture CUDA graph failed" in text
     facts["patched_lines"] = PATCHED_LINE.findall(text)
-    facts["graph_batch_sizes"] = sorted({int(n) for n in re.findall(
-        r"Decode batch, #running-req: (\d+),.*cuda graph: True", text)})
+    facts["graph_batch_sizes"] = sorted(
+        {int(n) for n in re.findall(r"Decode batch, #running-req: (\d+),.*cuda graph: True", text)}
+    )
     capture = re.findall(r"Capture (?:draft )?cuda graph end\. Time elapsed: ([0-9.]+) s", text)
     facts["capture_s"] = [float(c) for c in capture]
     out = os.environ.get("OUT")
     if out:
         pathlib.Path(out, "server-%s.log" % name).write_text(text[-60000:])
-        pathlib.Path(out, "server-%s.json" % name).write_text(json.dumps({k: v for k, v in facts.items() if k != "log_tail"}, indent=2))
+        pathlib.Path(out, "server-%s.json" % name).write_text(
+            json.dumps({k: v for k, v in facts.items() if k != "log_tail"}, indent=2)
+        )
     print(json.dumps({k: v for k, v in facts.items() if k != "log_tail"}, indent=2), flush=True)
     return facts
 

@@ -46,7 +46,9 @@ def patched():
 
 def test_the_real_kernel_runs(unpatched, patched):
     for result in (unpatched, patched):
-        assert result["kernel"].startswith("flashinfer") and result["xqa"] is (torch.cuda.get_device_capability()[0] in (9, 12))
+        assert result["kernel"].startswith("flashinfer") and result["xqa"] is (
+            torch.cuda.get_device_capability()[0] in (9, 12)
+        )
 
 
 def test_without_the_record_the_draft_reads_through_the_targets_mapping(unpatched):

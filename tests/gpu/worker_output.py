@@ -11,7 +11,7 @@ def result_of(name, ran):
     out = os.environ.get("OUT")
     if out:
         pathlib.Path(out, name + ".log").write_text(ran.stdout[-20000:] + "\n--- stderr ---\n" + ran.stderr[-20000:])
-    lines = [l for l in ran.stdout.splitlines() if l.startswith("RESULT:")]
-    result = json.loads(lines[-1][len("RESULT:"):]) if lines else None
+    lines = [line for line in ran.stdout.splitlines() if line.startswith("RESULT:")]
+    result = json.loads(lines[-1][len("RESULT:") :]) if lines else None
     print(name, ran.returncode, json.dumps(result, indent=2))
     return result
