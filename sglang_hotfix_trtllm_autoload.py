@@ -165,11 +165,15 @@ def _initializing(module):
 
 class _AfterImport:
     """A finder that answers None to every lookup and, at each, hands the
-    watched modules whose import has completed since to the engine, then
-    leaves ``sys.meta_path``. It is armed only while a watched module that
-    ``install`` found half-executed finishes its import; the next import of
-    anything after that (SGLang imports on) is the first moment it is whole.
-    If the module's own import fails, it is forgotten."""
+    watched modules whose import has completed since to the engine. It is
+    armed only when ``install`` found a watched module half-executed; the next
+    import of anything after that (SGLang imports on) is the first moment the
+    module is whole. It never edits ``sys.meta_path`` from inside a lookup (the
+    import system is iterating that list: removing an entry would make it skip
+    the next finder); once nothing is pending it stays, answering None at the
+    cost of one call, until ``uninstall``. If the module's import fails, the
+    module is forgotten. When the import hook's own loader ran the module, the
+    loader hands it over itself and takes it off ``pending`` first."""
 
     pending = set()
 
@@ -181,17 +185,23 @@ class _AfterImport:
 
     @classmethod
     def find_spec(cls, fullname, path=None, target=None):
+        if not cls.pending:
+            return None
+        done = []
         for name in list(cls.pending):
             module = sys.modules.get(name)
             if module is not None and _initializing(module):
                 continue
-            cls.pending.discard(name)
+            try:
+                cls.pending.remove(name)  # one thread wins each name: handed over once
+            except KeyError:
+                continue
             if module is not None:
-                hook = _load_import_hook(name)
-                if hook is not None:
-                    hook.module_executed(module, name)
-        if not cls.pending and cls in sys.meta_path:
-            sys.meta_path.remove(cls)
+                done.append((name, module))
+        for name, module in done:
+            hook = _load_import_hook(name)
+            if hook is not None:
+                hook.module_executed(module, name)
         return None
 
 

@@ -51,6 +51,9 @@ class PatchAfterExecLoader:
         if spec is not None:
             spec.loader = self._loader
         self._loader.exec_module(module)
+        # apply() may have run while this module executed and left it to _AfterImport: it is handed
+        # over here, once.
+        sglang_hotfix_trtllm_autoload._AfterImport.pending.discard(module.__name__)
         module_executed(module)
 
 

@@ -105,10 +105,14 @@ def _cell_holds(cell, value):
 
 
 def _ours_in_chain(attribute, hotfix):
-    """True when our wrapper is the attribute or sits below another wrapper
-    (a wrapper made around our wrapper as seen through the class holds wrapt's
-    bound wrapper, whose ``_self_parent`` is ours)."""
-    return any(_is_ours(a, hotfix) or _is_ours(getattr(a, "_self_parent", None), hotfix) for a in _chain(attribute))
+    """Our wrapper when it is the attribute or sits below another wrapper (a
+    wrapper made around ours as seen through the class holds wrapt's bound
+    wrapper, whose ``_self_parent`` is ours); else None."""
+    for layer in _chain(attribute):
+        for candidate in (layer, getattr(layer, "_self_parent", None)):
+            if _is_ours(candidate, hotfix):
+                return candidate
+    return None
 
 
 def _describe(attribute):
@@ -163,12 +167,17 @@ def wrap(hotfix, module, assessment):
     with _lock:
         cls = getattr(module, hotfix.class_name)
         current = cls.__dict__[hotfix.method_name]
-        if _ours_in_chain(current, hotfix):
-            entry = _entry(hotfix, cls)
-            if entry is not None and not entry.enabled:
-                entry.enabled = True  # apply() after a remove() that could only turn ours off
-                return "wrapped"
-            return "already"
+        ours = _ours_in_chain(current, hotfix)
+        if ours is not None:
+            entry = ours._self_enabled  # the Applied record it was made with
+            if entry.enabled and entry in _applied:
+                return "already"
+            # apply() after a remove() that turned ours off in place, or after someone put ours back
+            # (a mock.patch.object undone): ours is in force again, and recorded again.
+            entry.enabled = True
+            if entry not in _applied:
+                _applied.append(entry)
+            return "wrapped"
         problem = _check_wrappable(hotfix, current, assessment)
         if problem:
             raise NotWrappable(problem)
@@ -181,23 +190,20 @@ def wrap(hotfix, module, assessment):
         return "wrapped"
 
 
-def _entry(hotfix, cls):
-    for entry in _applied:
-        if entry.hotfix.name == hotfix.name and entry.cls_ref() is cls:
-            return entry
-    return None
-
-
 def remove_all():
     """Undo every wrap; returns how many methods were restored or turned off.
 
-    Ours on top: the original function object goes back. Ours under another
-    wrapper: it is turned off in place (the call goes straight to SGLang's
-    method) and stays in that chain. Replaced by someone else: nothing to undo.
+    Every wrapper of ours is turned off (wrapt's ``enabled``), so that one
+    still referenced somewhere (a copy another patcher took, or ours put back
+    later by someone who had replaced it, as ``mock.patch.object`` does) calls
+    SGLang's method straight through. Ours on top: the original function
+    object goes back. Ours under another wrapper: it stays in that chain,
+    turned off. Replaced by someone else: nothing else to undo.
     """
     restored = 0
     with _lock:
         for entry in _applied:
+            entry.enabled = False
             cls = entry.cls_ref()
             if cls is None:
                 continue
@@ -205,8 +211,7 @@ def remove_all():
             if current is entry.wrapper:
                 setattr(cls, entry.hotfix.method_name, entry.original)
                 restored += 1
-            elif _ours_in_chain(current, entry.hotfix):
-                entry.enabled = False
+            elif _ours_in_chain(current, entry.hotfix) is not None:
                 restored += 1
                 say(
                     logging.WARNING,
@@ -218,24 +223,18 @@ def remove_all():
                 say(
                     logging.WARNING,
                     "not restoring %s: it was replaced after the hotfix wrapped it (the hotfix "
-                    "is no longer called there)",
+                    "is no longer called there, and is turned off should it come back)",
                     entry.hotfix.target,
                 )
-        _applied[:] = [
-            e
-            for e in _applied
-            if not e.enabled
-            and e.cls_ref() is not None
-            and _ours_in_chain(e.cls_ref().__dict__.get(e.hotfix.method_name), e.hotfix)
-        ]
+        _applied.clear()  # what stays reachable is found again through the class by wrap()
     if restored:
         say(logging.INFO, "removed: %d method(s) restored to SGLang's original", restored, once_key="removed")
     return restored
 
 
 def is_patched(hotfix, cls):
-    """True when this hotfix's wrapper is in force on the class's method:
-    wrapped by us, on or under another wrapper, and not turned off."""
+    """True when this hotfix's wrapper is in force on the class's method: ours,
+    on or under another wrapper that calls it, and not turned off."""
     with _lock:
-        entry = _entry(hotfix, cls)
-        return entry is not None and entry.enabled and _ours_in_chain(cls.__dict__.get(hotfix.method_name), hotfix)
+        ours = _ours_in_chain(cls.__dict__.get(hotfix.method_name), hotfix)
+        return ours is not None and ours._self_enabled.enabled

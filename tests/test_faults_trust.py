@@ -671,3 +671,35 @@ def test_a_finder_whose_unknown_attributes_raise_leaves_the_hotfix_to_the_plugin
     ran = run_python(["-S", "-c", "import sys; sys.path.append(%r)\n" % venv_site_packages + code], cwd=tmp_path)
     assert ran.returncode == 0, ran
     assert ran.result == ["hostile finder: sglang_hotfix_trtllm_finder", False, True, True]
+
+
+# Found by a hostile review of round 2's own change (each seen failing first).
+
+AFTER_IMPORT_LEAVES_THE_NEXT_FINDER = 'import sys, importlib.machinery, importlib.util\nimport sglang_hotfix_trtllm\nN = "sglang.srt.layers.attention.trtllm_mha_backend"\nclass Custom:  # a foreign finder placed first (pytest\'s rewriter, typeguard/beartype hooks insert at 0)\n    @classmethod\n    def find_spec(cls, fullname, path=None, target=None):\n        if fullname == "only_here":\n            return importlib.machinery.ModuleSpec(fullname, Custom)\n    @staticmethod\n    def create_module(spec): return None\n    @staticmethod\n    def exec_module(m): m.x = 1\nclass Trigger:\n    done = False\n    @classmethod\n    def find_spec(cls, fullname, path=None, target=None):\n        m = sys.modules.get(N)\n        if not cls.done and m is not None and getattr(m.__spec__, "_initializing", False):\n            cls.done = True; sglang_hotfix_trtllm.apply()\nsys.meta_path.insert(0, Custom); sys.meta_path.insert(1, Trigger)\nimport sglang.srt.layers.attention.trtllm_mha_backend\ntry:\n    import only_here\n    outcome = "imported"\nexcept Exception as e:\n    outcome = "%s: %s" % (type(e).__name__, e)\nimport json\nd = sys.modules[N].TRTLLMHAAttnBackend.__dict__\nprint("RESULT:" + json.dumps([outcome, type(d["__init__"]).__name__]))\n'  # noqa: E501 (a script, verbatim)
+
+AFTER_IMPORT_HANDS_OVER_ONCE = 'import sys\nimport sglang_hotfix_trtllm, sglang_hotfix_trtllm.engine as E\nN = "sglang.srt.layers.attention.trtllm_mha_backend"\ncalls = []\norig = E.on_module_imported\ndef counting(module, name=None):\n    calls.append(name); return orig(module, name)\nE.on_module_imported = counting\nclass Trigger:\n    done = False\n    @classmethod\n    def find_spec(cls, fullname, path=None, target=None):\n        m = sys.modules.get(N)\n        if not cls.done and m is not None and getattr(m.__spec__, "_initializing", False):\n            cls.done = True\n            sglang_hotfix_trtllm.apply()\n        return None\nsys.meta_path.insert(1, Trigger)\nimport sglang.srt.layers.attention.trtllm_mha_backend\nimport json  # any later import\nimport email.mime.text\nimport json\nprint("RESULT:" + json.dumps(len(calls)))\n'  # noqa: E501 (a script, verbatim)
+
+REMOVE_UNDER_A_TEMPORARY_REPLACEMENT = 'import sys\nfrom unittest import mock\nimport sglang_hotfix_trtllm, sglang_hotfix_trtllm.patch as P\nfrom sglang_hotfix_trtllm.records import pr26521\nimport sglang.srt.layers.attention.trtllm_mha_backend as m\nC = m.TRTLLMHAAttnBackend\nwith mock.patch.object(C, "init_forward_metadata_capture_cuda_graph", lambda *a, **k: None):\n    removed = sglang_hotfix_trtllm.remove()\nattr = C.__dict__["init_forward_metadata_capture_cuda_graph"]\nback = [removed, type(attr).__name__, attr._self_enabled(), P.is_patched(pr26521.HOTFIX, C)]\nsglang_hotfix_trtllm.apply()  # in force again, and recorded again\nagain = [P.is_patched(pr26521.HOTFIX, C), sglang_hotfix_trtllm.remove(), P.is_patched(pr26521.HOTFIX, C)]\nimport json\nprint("RESULT:" + json.dumps(back + again))\n'  # noqa: E501 (a script, verbatim)
+
+
+def test_the_finder_waiting_for_a_half_executed_backend_never_makes_python_skip_the_next_finder(tmp_path):
+    """_AfterImport took itself off sys.meta_path inside a lookup: the import system, iterating
+    that list, skipped the next finder, and an unrelated import failed (ModuleNotFoundError)."""
+    ran = run_python(["-c", AFTER_IMPORT_LEAVES_THE_NEXT_FINDER], cwd=tmp_path)
+    assert ran.returncode == 0, ran
+    assert ran.result == ["imported", PATCHED]
+
+
+def test_a_backend_apply_found_half_executed_is_handed_to_the_engine_once(tmp_path):
+    """The hook's own loader and _AfterImport both handed it over (decide and classify ran twice)."""
+    ran = run_python(["-c", AFTER_IMPORT_HANDS_OVER_ONCE], cwd=tmp_path)
+    assert ran.returncode == 0, ran
+    assert ran.result == 1
+
+
+def test_remove_while_a_temporary_replacement_sits_there_leaves_nothing_active_and_unrecorded(tmp_path):
+    """mock.patch.object replaced the method, remove() ran, the mock put ours back: 0.4.0's first
+    cut left ours active while is_patched said False and remove() could not reach it."""
+    ran = run_python(["-c", REMOVE_UNDER_A_TEMPORARY_REPLACEMENT], cwd=tmp_path)
+    assert ran.returncode == 0, ran
+    assert ran.result == [1, PATCHED, False, False, True, 2, False]  # 2: pr25103 was wrapped again too
