@@ -37,9 +37,7 @@ pytestmark = pytest.mark.skipif(
 HERE = pathlib.Path(__file__).resolve().parent
 START_TIMEOUT = 300
 REQUESTS = 12
-# EAGLE3 with the draft's decode on trtllm_mha, prefill and verify on triton: the servers of
-# this file and of test_server_swa_e2e.py.
-EAGLE3_ON_TRTLLM_DECODE = [
+SERVER_FLAGS = [
     "--speculative-algorithm",
     "EAGLE3",
     "--speculative-num-steps",
@@ -54,8 +52,6 @@ EAGLE3_ON_TRTLLM_DECODE = [
     "triton",
     "--decode-attention-backend",
     "trtllm_mha",
-]
-SERVER_FLAGS = EAGLE3_ON_TRTLLM_DECODE + [
     "--sampling-backend",
     "pytorch",
     "--grammar-backend",
@@ -83,6 +79,18 @@ def models(tmp_path_factory):
     import e2e_models
 
     return e2e_models.build(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="module")
+def installs(tmp_path_factory):
+    """The plugin in a --target folder (for PYTHONPATH and `run`)."""
+    target = tmp_path_factory.mktemp("installs") / "target"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(target), WHEEL],
+        check=True,
+        timeout=300,
+    )
+    return {"target": str(target)}
 
 
 def free_port():

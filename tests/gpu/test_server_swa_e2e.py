@@ -55,24 +55,28 @@ PROBE = HERE / "swa_probe"
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(PROBE))
 import swa_probe  # noqa: E402
-from test_server_e2e import (  # noqa: E402
-    EAGLE3_ON_TRTLLM_DECODE,
-    SITE,
-    START_TIMEOUT,
-    WHEEL,
-    base_env,
-    free_port,
-    healthy,
-    launch_server,
-    stop,
-)
+from test_server_e2e import SITE, START_TIMEOUT, WHEEL, base_env, free_port, healthy, launch_server, stop  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not (torch.cuda.is_available() and SITE and WHEEL),
     reason="needs a CUDA device, SGLANG_E2E_SITE and SGLANG_E2E_PLUGIN_WHEEL",
 )
 
-FLAGS = EAGLE3_ON_TRTLLM_DECODE + [
+FLAGS = [
+    "--speculative-algorithm",
+    "EAGLE3",
+    "--speculative-num-steps",
+    "3",
+    "--speculative-eagle-topk",
+    "1",
+    "--speculative-num-draft-tokens",
+    "4",
+    "--attention-backend",
+    "triton",
+    "--prefill-attention-backend",
+    "triton",
+    "--decode-attention-backend",
+    "trtllm_mha",
     "--moe-runner-backend",
     "triton",
     "--context-length",
@@ -110,6 +114,18 @@ GAUGE = re.compile(r"^sglang_hotfix_trtllm_applied\{([^}]*)\}\s+(\S+)$", re.M)
 # With --tp 1 the scheduler is the one process that imports the backend.
 PROCESSES_IMPORTING_THE_BACKEND = 1
 RESULTS = {}
+
+
+@pytest.fixture(scope="module")
+def installs(tmp_path_factory):
+    """The plugin in a --target folder, on the servers' PYTHONPATH (as test_server_e2e's case 2)."""
+    target = tmp_path_factory.mktemp("installs") / "target"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(target), WHEEL],
+        check=True,
+        timeout=300,
+    )
+    return {"target": str(target)}
 
 
 @pytest.fixture(scope="module")
