@@ -197,9 +197,27 @@ def distribution(name, source_path=None, module=None):
                 return Distribution(name, None, "unknown")
     except Exception:
         return Distribution(name, None, "unknown")
-    try:
-        version = dist.version
-    except Exception:
-        version = None
     kind = "editable" if _editable_root(dist) is not None else "wheel"
-    return Distribution(name, version, kind)
+    return Distribution(name, _version(dist), kind)
+
+
+def _version(dist):
+    """``dist.version``, read from the metadata's header lines only. importlib.metadata
+    parses the whole file with the email parser: for SGLang's METADATA (its README
+    included) that was 95 % of the time ``apply()`` took, four times per import."""
+    try:
+        text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
+        lines = text.splitlines()
+        for line, following in zip(lines, lines[1:] + [""]):
+            if not line.strip():
+                break  # the headers end at the first empty line
+            key, _, value = line.partition(":")
+            folded = following[:1] in (" ", "\t")  # a continued header: leave it to the email parser
+            if key.lower() == "version" and value.strip() and not folded:
+                return value.lstrip(" \t")  # as the email parser: leading blanks go, trailing ones stay
+    except Exception:
+        pass  # unreadable metadata: the slow, general reading below decides
+    try:
+        return dist.version
+    except Exception:
+        return None

@@ -3,10 +3,15 @@ plugin installed from its wheel, SGLang 0.5.12 installed with --no-deps.
 Everything that imports SGLang runs in a fresh subprocess (tests/support/
 scenarios.py), so the startup module, not the test process, loads the plugin."""
 
+import contextlib
+import fcntl
+import functools
 import importlib.util
 import json
 import os
 import pathlib
+import py_compile
+import shutil
 import subprocess
 import sys
 
@@ -54,14 +59,20 @@ class Ran:
             if "sglang-hotfix-trtllm" in line and not any(t in line for t in others)
         ]
 
+    @property
+    def report(self):
+        """stdout read as JSON (``status --json``)."""
+        return json.loads(self.stdout)
+
     def __repr__(self):
         return "rc=%s\nstdout:\n%s\nstderr:\n%s" % (self.returncode, self.stdout[-3000:], self.stderr[-3000:])
 
 
-def run_python(args, cwd, env=None, timeout=600):
+def run_python(args, cwd=None, env=None, timeout=600, python=None):
+    """``python ARGS`` (this interpreter unless another is named) in ``cwd``, with a clean environment by default."""
     completed = subprocess.run(
-        [sys.executable] + list(args),
-        cwd=str(cwd),
+        [python or sys.executable] + list(args),
+        cwd=None if cwd is None else str(cwd),
         env=env or clean_env(),
         capture_output=True,
         text=True,
@@ -70,14 +81,71 @@ def run_python(args, cwd, env=None, timeout=600):
     return Ran(completed)
 
 
+SCENARIO_SCRIPTS = {"scenario": SUPPORT / "scenarios.py", "fault": SUPPORT / "fault_scenarios.py"}
+
+
+def run_scenario(script, name, *args, cwd, env=None, python=None, flags=()):
+    """The one runner of scenario scripts: ``support/scenarios.py`` (``script="scenario"``) or
+    ``support/fault_scenarios.py`` (``"fault"``), ``NAME ARGS``, in a fresh interpreter started in
+    ``cwd`` (outside the repo, so the installed wheel is what runs); ``flags`` go before the script."""
+    return run_python(list(flags) + [str(SCENARIO_SCRIPTS[script]), name] + list(args), cwd=cwd, env=env, python=python)
+
+
 @pytest.fixture
 def scenario(tmp_path):
-    """Run ``support/scenarios.py NAME ARGS`` in a fresh interpreter, outside the repo."""
+    """``scenario(NAME, *ARGS, env=...)``: a ``support/scenarios.py`` scenario in a fresh interpreter."""
+    return functools.partial(run_scenario, "scenario", cwd=tmp_path)
 
-    def run(name, *args, env=None):
-        return run_python([str(SUPPORT / "scenarios.py"), name] + list(args), cwd=tmp_path, env=env)
 
-    return run
+@pytest.fixture
+def fault(tmp_path):
+    """``fault(NAME, *ARGS, env=...)``: a ``support/fault_scenarios.py`` scenario in a fresh interpreter."""
+    return functools.partial(run_scenario, "fault", cwd=tmp_path)
+
+
+CLI = shutil.which("sglang-hotfix-trtllm", path=os.path.dirname(sys.executable))
+
+
+def run_cli(*args, env=None, cwd=None, python=None, timeout=120):
+    """The one way tests run the CLI: the installed console script, or ``PYTHON -m
+    sglang_hotfix_trtllm`` when ``python`` names an interpreter."""
+    command = [python, "-m", "sglang_hotfix_trtllm"] if python else [CLI]
+    completed = subprocess.run(
+        command + list(args), capture_output=True, text=True, env=env or clean_env(), cwd=cwd, timeout=timeout
+    )
+    return Ran(completed)
+
+
+def status_json(*args, **kwargs):
+    """``status --json ARGS``; the Ran's ``report`` is the parsed output."""
+    return run_cli("status", "--json", *args, **kwargs)
+
+
+def sglang_tree(root, backend_text, *, version=None, init_text="", link_installed=None, sourceless=False):
+    """The one builder of an SGLang install for tests: ``root/sglang`` with the backend module
+    holding ``backend_text`` (compiled to a sourceless ``.pyc`` when ``sourceless``). The rest is
+    an empty ``sglang/__init__.py`` (or ``init_text``), or, with ``link_installed`` (the installed
+    ``sglang`` folder), a tree of links to that install; ``version`` adds a dist-info with that
+    version. Returns ``root``, the folder to put on PYTHONPATH."""
+    backend = root / "sglang" / TARGET_RELATIVE
+    if link_installed is not None:
+        root.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["cp", "-rs", str(link_installed), str(root / "sglang")], check=True, timeout=120)
+        backend.unlink()
+    else:
+        backend.parent.mkdir(parents=True, exist_ok=True)
+        (root / "sglang" / "__init__.py").write_text(init_text, encoding="utf-8")
+    if sourceless:
+        staging = root.parent / (root.name + "_staging.py")
+        staging.write_text(backend_text, encoding="utf-8")
+        py_compile.compile(str(staging), cfile=str(backend.with_suffix(".pyc")), doraise=True)
+    else:
+        backend.write_text(backend_text, encoding="utf-8")
+    if version is not None:
+        dist = root / ("sglang-%s.dist-info" % version.replace("-", "_"))
+        dist.mkdir()
+        (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: %s\n" % version)
+    return root
 
 
 @pytest.fixture(scope="session")
@@ -125,47 +193,40 @@ def overlay_dir(tmp_path):
 CACHE = pathlib.Path(os.environ.get("SGLANG_HOTFIX_TEST_CACHE", REPO / ".cache"))
 
 
-@pytest.fixture(scope="session")
-def sglang_release():
-    """Install a published SGLang release (no dependencies) into a cached folder
-    for use on PYTHONPATH; returns that folder."""
-
-    def fetch(version):
-        target = CACHE / ("sglang-" + version)
-        marker = target / ".complete"
-        if not marker.exists():
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pip",
-                    "install",
-                    "-q",
-                    "--no-deps",
-                    "--no-compile",
-                    "--target",
-                    str(target),
-                    "--upgrade",
-                    "sglang==" + version,
-                ],
-                check=True,
-                timeout=600,
-            )
-            marker.write_text(version)
-        return target
-
-    return fetch
+@contextlib.contextmanager
+def exclusive(name):
+    """Held by one test process at a time (the README's command runs two, pytest-xdist's
+    ``-n 2``): for what they share on disk, the download cache and the repository's build folder."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / (name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")
 def plugin_wheel(tmp_path_factory):
     """This repository built as a wheel, the way pip builds it for users."""
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(REPO)],
-        check=True,
-        timeout=300,
-    )
+    with exclusive("repository-build"):  # setuptools builds in the repository's build/ folder
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "--no-build-isolation",
+                "-q",
+                "-w",
+                str(out),
+                str(REPO),
+            ],
+            check=True,
+            timeout=300,
+        )
     (path,) = out.glob("sglang_hotfix_trtllm-*.whl")
     return path
 

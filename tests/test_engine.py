@@ -2,6 +2,7 @@
 
 import pytest
 
+import release_selection
 import variants
 from conftest import PATCHED, UNPATCHED, clean_env
 
@@ -67,8 +68,8 @@ def test_strict_mode_does_not_interfere_when_patching_works(scenario):
     assert ran.returncode == 0 and ran.result["attribute_type"] == PATCHED
 
 
-def test_release_0_5_13_is_fixed_and_nothing_is_wrapped(scenario, sglang_release):
-    folder = sglang_release("0.5.13")
+def test_release_0_5_13_is_fixed_and_nothing_is_wrapped(scenario):
+    folder = release_selection.installed("0.5.13")
     ran = scenario("describe", env=clean_env(PYTHONPATH=str(folder)))
     assert ran.returncode == 0, ran
     assert ran.result["module_file"].startswith(str(folder))

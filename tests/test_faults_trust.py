@@ -13,7 +13,6 @@ promise it defends; each class of promise has several cases.
 import ast
 import json
 import os
-import py_compile
 import shutil
 import subprocess
 import sys
@@ -22,22 +21,20 @@ import zipfile
 import pytest
 
 import variants
-from conftest import PATCHED, Ran, SUPPORT, TARGET_RELATIVE, clean_env, run_python, shadow
+from conftest import (
+    CLI,
+    PATCHED,
+    Ran,
+    TARGET_RELATIVE,
+    clean_env,
+    run_python,
+    run_scenario,
+    shadow,
+    sglang_tree,
+    status_json,
+)
 from sglang_hotfix_trtllm.records import pr26521
 from sglang_hotfix_trtllm.record import Verdict
-
-CLI = shutil.which("sglang-hotfix-trtllm", path=os.path.dirname(sys.executable))
-
-
-def fault(name, *args, env=None, cwd):
-    return run_python([str(SUPPORT / "fault_scenarios.py"), name] + list(args), cwd=cwd, env=env)
-
-
-def status_json(env, cwd, *args):
-    ran = subprocess.run(
-        [CLI, "status", "--json"] + list(args), capture_output=True, text=True, env=env, cwd=cwd, timeout=60
-    )
-    return json.loads(ran.stdout), ran.returncode, ran.stderr
 
 
 @pytest.fixture
@@ -46,20 +43,10 @@ def sglang_copy(tmp_path, installed_backend_path):
     module is replaced: by other source text, or by a sourceless .pyc."""
 
     def make(text=None, sourceless=False):
-        root = tmp_path / "sglang_copy"
-        root.mkdir()
+        if text is None:
+            text = installed_backend_path.read_text(encoding="utf-8")
         package = installed_backend_path.parents[3]
-        subprocess.run(["cp", "-rs", str(package), str(root / "sglang")], check=True, timeout=120)
-        backend = root / "sglang" / TARGET_RELATIVE
-        original = backend.read_text(encoding="utf-8")
-        backend.unlink()
-        if sourceless:
-            staging = tmp_path / "staging.py"
-            staging.write_text(text or original, encoding="utf-8")
-            py_compile.compile(str(staging), cfile=str(backend.with_suffix(".pyc")), doraise=True)
-        else:
-            backend.write_text(text, encoding="utf-8")
-        return root
+        return sglang_tree(tmp_path / "sglang_copy", text, link_installed=package, sourceless=sourceless)
 
     return make
 
@@ -72,8 +59,9 @@ def shadow_wrapt(tmp_path, stub):
 
 
 def _predicted_vs_actual(tmp_path, env):
-    report, code, _ = status_json(env, tmp_path)
-    ran = fault("describe_or_error", env=env, cwd=tmp_path)
+    shown = status_json(env=env, cwd=tmp_path)
+    report, code, _ = shown.report, shown.returncode, shown.stderr
+    ran = run_scenario("fault", "describe_or_error", env=env, cwd=tmp_path)
     assert ran.result is not None, ran
     lines = ran.hotfix_lines()
     if any("INFO: patched" in line for line in lines):
@@ -148,7 +136,8 @@ def test_status_calls_a_zipped_sglang_unknown(tmp_path, installed_backend_source
         for package in ("sglang", "sglang/srt", "sglang/srt/layers", "sglang/srt/layers/attention"):
             zipped.writestr(package + "/__init__.py", "")
         zipped.writestr("sglang/" + str(TARGET_RELATIVE), installed_backend_source)
-    report, code, _ = status_json(clean_env(PYTHONPATH=str(archive)), tmp_path)
+    shown = status_json(env=clean_env(PYTHONPATH=str(archive)), cwd=tmp_path)
+    report, code, _ = shown.report, shown.returncode, shown.stderr
     assert report["verdict"] == "unknown" and code == 2 and report["would_patch"] is False
     assert "not a file on disk" in report["reason"]
 
@@ -156,7 +145,8 @@ def test_status_calls_a_zipped_sglang_unknown(tmp_path, installed_backend_source
 def test_status_on_a_sourceless_module_names_the_pyc(tmp_path, sglang_copy, installed_backend_source):
     """Promise 1: the reason names what was found instead of a source."""
     root = sglang_copy(sourceless=True)
-    report, code, stderr = status_json(clean_env(PYTHONPATH=str(root)), tmp_path)
+    shown = status_json(env=clean_env(PYTHONPATH=str(root)), cwd=tmp_path)
+    report, code, stderr = shown.report, shown.returncode, shown.stderr
     assert code == 2 and "not loaded from a .py source" in report["reason"] and ".pyc" in report["reason"]
     assert len(stderr.strip().splitlines()) == len(report["hotfixes"])  # one line per record
 
@@ -215,7 +205,7 @@ def test_a_buggy_live_method_after_a_fixed_one_is_patched_and_logged_as_such(
 ):
     """Promise 2 at run time: the class holds the second `def`, and that is what is wrapped."""
     root = sglang_copy(variants.with_method_defined_twice(installed_backend_source, "buggy"))
-    ran = fault("describe_or_error", env=clean_env(PYTHONPATH=str(root)), cwd=tmp_path)
+    ran = run_scenario("fault", "describe_or_error", env=clean_env(PYTHONPATH=str(root)), cwd=tmp_path)
     assert ran.result["attribute_type"] == PATCHED, ran
     assert not any("can be removed" in line for line in ran.hotfix_lines())
 
@@ -235,7 +225,7 @@ def test_a_buggy_live_method_after_a_fixed_one_is_patched_and_logged_as_such(
 )
 def test_the_import_hook_never_recurses(scenario, tmp_path):
     """Promise 3: a reloaded or twin finder, or a finder that asks importlib again, ends in one wrapper."""
-    ran = fault(scenario, cwd=tmp_path)
+    ran = run_scenario("fault", scenario, cwd=tmp_path)
     assert ran.returncode == 0, ran
     assert "error" not in ran.result, ran.result
     assert (
@@ -247,7 +237,7 @@ def test_the_import_hook_never_recurses(scenario, tmp_path):
 @pytest.mark.parametrize("state", ["blocked", "object", "dict", "fake_module"])
 def test_odd_sys_modules_states_never_raise(state, tmp_path):
     """Promise 3: apply(), remove() and the hook with None or a non-module in sys.modules."""
-    ran = fault("odd_sys_modules", state, cwd=tmp_path)
+    ran = run_scenario("fault", "odd_sys_modules", state, cwd=tmp_path)
     assert ran.returncode == 0, ran
     r = ran.result
     assert "raised" not in r, r
@@ -352,21 +342,21 @@ def test_a_corrupt_startup_module_never_stops_python(tmp_path, stderr_mode, dama
 def test_a_broken_package_with_stderr_none_does_not_fail_sglangs_import(tmp_path):
     """Promise 4: the engine cannot load and sys.stderr is None: SGLang's import still succeeds."""
     folder = shadow(tmp_path, "sglang_hotfix_trtllm", "raise RuntimeError('simulated partial install')")
-    ran = fault("import_with_stderr_none", env=clean_env(PYTHONPATH=folder), cwd=tmp_path)
+    ran = run_scenario("fault", "import_with_stderr_none", env=clean_env(PYTHONPATH=folder), cwd=tmp_path)
     assert ran.returncode == 0 and "error" not in ran.result, ran
     assert ran.result["attribute_type"] == "function"
 
 
 def test_the_hotfix_with_stderr_none_patches_silently(tmp_path):
     """Promise 4: nothing to write to is not a reason to fail or to skip the patch."""
-    ran = fault("import_with_stderr_none", cwd=tmp_path)
+    ran = run_scenario("fault", "import_with_stderr_none", cwd=tmp_path)
     assert ran.returncode == 0 and ran.result["attribute_type"] == PATCHED, ran
 
 
 @pytest.mark.parametrize("when", ["before", "after"])
 def test_log_lines_appear_exactly_once_whenever_the_host_configures_logging(tmp_path, when):
     """Promise 4: no line lost, none doubled, whether logging is configured before or after our first line."""
-    ran = fault("logging_configured", when, cwd=tmp_path)
+    ran = run_scenario("fault", "logging_configured", when, cwd=tmp_path)
     assert ran.returncode == 0, ran
     patched = [line for line in ran.stderr.splitlines() if "INFO: patched" in line]
     removed = [line for line in ran.stderr.splitlines() if "INFO: removed" in line]
@@ -469,7 +459,7 @@ def test_two_installs_bootstraps_chain_the_images_sitecustomize_once(tmp_path, i
 
 def test_every_call_shape_equals_the_upstream_fix(tmp_path):
     """Promise 6: positional, keyword, self by keyword, partial, MethodType, super(): all as upstream's fix."""
-    ran = fault("call_shapes", cwd=tmp_path)
+    ran = run_scenario("fault", "call_shapes", cwd=tmp_path)
     assert ran.returncode == 0, ran
     assert ran.result["patched"] == PATCHED and ran.result["calls"] == 48
     assert ran.result["shapes"] == {shape: 0 for shape in ran.result["shapes"]} and len(ran.result["shapes"]) == 8
@@ -477,7 +467,7 @@ def test_every_call_shape_equals_the_upstream_fix(tmp_path):
 
 def test_rejected_calls_raise_the_same_type_error_without_writing(tmp_path):
     """Promise 6: a call the original rejects raises its TypeError, and the buffer stays untouched."""
-    ran = fault("rejected_calls", cwd=tmp_path)
+    ran = run_scenario("fault", "rejected_calls", cwd=tmp_path)
     assert ran.returncode == 0, ran
     assert len(ran.result) == 5
     for name, outcome in ran.result.items():
@@ -611,11 +601,12 @@ def test_a_disabled_record_with_unknown_code_is_off_in_status_and_in_the_process
     silently, and status says the record is off (exit 1, not the unknown-code error 2)."""
     root = sglang_copy(_pr25103_unknown(installed_backend_source))
     env = clean_env(PYTHONPATH=str(root), SGLANG_HOTFIX_TRTLLM_DISABLE="pr25103")
-    report, code, stderr = status_json(env, tmp_path)
+    shown = status_json(env=env, cwd=tmp_path)
+    report, code, stderr = shown.report, shown.returncode, shown.stderr
     pr25103_report = report["hotfixes"][1]
     assert pr25103_report["verdict"] == "unknown" and pr25103_report["would_patch"] is False
     assert "names pr25103" in pr25103_report["would_patch_reason"] and code == 1, (report, stderr)
-    ran = fault("describe_or_error", env=env, cwd=tmp_path)
+    ran = run_scenario("fault", "describe_or_error", env=env, cwd=tmp_path)
     assert ran.result["attribute_type"] == PATCHED  # pr26521, still on
     assert ran.hotfix_lines(record="pr25103") == [
         line for line in ran.hotfix_lines(record="pr25103") if "init_forward" in line
@@ -630,7 +621,8 @@ def test_a_namespace_package_at_the_backends_name_is_not_applicable_in_status_an
     backend.unlink()
     backend.with_suffix("").mkdir()
     env = clean_env(PYTHONPATH=str(root))
-    report, code, stderr = status_json(env, tmp_path)
+    shown = status_json(env=env, cwd=tmp_path)
+    report, code = shown.report, shown.returncode
     assert [r["verdict"] for r in report["hotfixes"]] == ["not-applicable", "not-applicable"] and code == 0, report
     assert "namespace package" in report["reason"]
     ran = run_python(

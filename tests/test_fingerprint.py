@@ -13,6 +13,6 @@ def test_formatting_comments_and_docstring_do_not_count():
     assert fp(a) == fp(b)
 
 
-def test_code_changes_count():
+def test_any_change_to_the_code_changes_the_fingerprint():
     assert fp("def f(x):\n    return x + 1\n") != fp("def f(x):\n    return x + 2\n")
     assert fp("def f(x):\n    return x + 1\n") != fp("def f(y):\n    return y + 1\n")

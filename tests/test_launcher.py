@@ -6,36 +6,20 @@ and SGLang come from the test environment's site-packages on PYTHONPATH, after
 the --target folder, so only the launcher can load the hotfix."""
 
 import os
-import subprocess
 
-from conftest import PATCHED, Ran, SUPPORT, clean_env
+from conftest import PATCHED, SCENARIO_SCRIPTS, clean_env, run_cli, run_scenario
+
+SCENARIOS = str(SCENARIO_SCRIPTS["scenario"])
 
 
 def launch(bare_python, target_install, venv_site_packages, tmp_path, *command, extra_path=()):
     env = clean_env(PYTHONPATH=os.pathsep.join([str(target_install)] + list(extra_path) + [venv_site_packages]))
-    completed = subprocess.run(
-        [bare_python, "-m", "sglang_hotfix_trtllm", "run", "--"] + list(command),
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    return Ran(completed)
+    return run_cli("run", "--", *command, python=bare_python, cwd=tmp_path, env=env, timeout=600)
 
 
 def test_without_the_launcher_nothing_is_patched(bare_python, target_install, venv_site_packages, tmp_path):
     env = clean_env(PYTHONPATH=os.pathsep.join([str(target_install), venv_site_packages]))
-    ran = Ran(
-        subprocess.run(
-            [bare_python, str(SUPPORT / "scenarios.py"), "describe"],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-    )
+    ran = run_scenario("scenario", "describe", python=bare_python, cwd=tmp_path, env=env)
     assert ran.returncode == 0, ran
     assert ran.result["attribute_type"] == "function"
 
@@ -47,7 +31,7 @@ def test_launcher_protects_command_and_its_spawned_children(bare_python, target_
         venv_site_packages,
         tmp_path,
         bare_python,
-        str(SUPPORT / "scenarios.py"),
+        SCENARIOS,
         "spawn_child",
     )
     assert ran.returncode == 0, ran
@@ -84,7 +68,7 @@ def test_launcher_with_existing_sitecustomize_still_patches_spawned_children(
         venv_site_packages,
         tmp_path,
         bare_python,
-        str(SUPPORT / "scenarios.py"),
+        SCENARIOS,
         "spawn_child",
         extra_path=[str(image)],
     )
@@ -95,12 +79,12 @@ def test_launcher_with_existing_sitecustomize_still_patches_spawned_children(
     assert ran.stderr.count("image sitecustomize ran") >= 3
 
 
-def test_exit_status_is_the_commands(bare_python, target_install, venv_site_packages, tmp_path):
+def test_run_exits_with_the_commands_exit_status(bare_python, target_install, venv_site_packages, tmp_path):
     ran = launch(bare_python, target_install, venv_site_packages, tmp_path, bare_python, "-c", "raise SystemExit(7)")
     assert ran.returncode == 7
 
 
-def test_missing_or_absent_command(bare_python, target_install, venv_site_packages, tmp_path):
+def test_run_exits_127_for_a_missing_command_and_2_for_none(bare_python, target_install, venv_site_packages, tmp_path):
     assert launch(bare_python, target_install, venv_site_packages, tmp_path, "no-such-command-here").returncode == 127
     ran = launch(bare_python, target_install, venv_site_packages, tmp_path)
     assert ran.returncode == 2 and "no command given" in ran.stderr

@@ -2,7 +2,6 @@
 offline installs, `run` never shadowing the image's packages, the wheel's
 contents."""
 
-import json
 import os
 import shutil
 import subprocess
@@ -12,25 +11,28 @@ import zipfile
 import pytest
 
 import variants
-from conftest import PATCHED, REPO, Ran, SUPPORT, TARGET_RELATIVE, clean_env
-
-CLI = shutil.which("sglang-hotfix-trtllm", path=os.path.dirname(sys.executable))
-
-
-def cli(*args, env=None, cwd=None):
-    return subprocess.run(
-        [CLI] + list(args), capture_output=True, text=True, env=env or clean_env(), cwd=cwd, timeout=120
-    )
-
+from conftest import (
+    PATCHED,
+    REPO,
+    SCENARIO_SCRIPTS,
+    TARGET_RELATIVE,
+    clean_env,
+    exclusive,
+    run_cli,
+    run_python,
+    run_scenario,
+    sglang_tree,
+    status_json,
+)
 
 # --- status: one actionable line, readable values, a format version ----------
 
 
 def test_human_status_opens_with_one_line_to_act_on():
-    ran = cli("status")
+    ran = run_cli("status")
     first = ran.stdout.splitlines()[0]
     assert ran.returncode == 0 and first.startswith("PROTECTED: SGLang 0.5.12 has the bug")
-    ran = cli("status", env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE="1"))
+    ran = run_cli("status", env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE="1"))
     assert (
         ran.returncode == 1
         and ran.stdout.startswith("NOT PROTECTED: ")
@@ -39,13 +41,13 @@ def test_human_status_opens_with_one_line_to_act_on():
 
 
 def test_human_status_shows_no_python_reprs():
-    out = cli("status").stdout
+    out = run_cli("status").stdout
     assert "{" not in out and "None" not in out and "True" not in out and "False" not in out
     assert "disabled: no" in out
 
 
 def test_json_status_carries_a_format_version():
-    assert json.loads(cli("status", "--json").stdout)["format_version"] == 1
+    assert status_json().report["format_version"] == 1
 
 
 # --- status --source on files and folders ---------------------------------------
@@ -59,27 +61,27 @@ def image_root(tmp_path, installed_backend_source):
         ("usr/lib/python3.12/site-packages", installed_backend_source),
         ("opt/sglang/python", variants.fixed_source_text(installed_backend_source)),
     ):
-        path = root / site / "sglang" / TARGET_RELATIVE
-        path.parent.mkdir(parents=True)
-        path.write_text(text)
+        sglang_tree(root / site, text)
     (root / "etc").mkdir()
     (root / "etc" / "hostname").write_text("x\n")
     return root
 
 
 def test_source_folder_reports_every_backend_file_under_it(image_root):
-    ran = cli("status", "--source", str(image_root), "--json")
-    report = json.loads(ran.stdout)
+    ran = status_json("--source", str(image_root))
+    report = ran.report
     assert ran.returncode == 0 and report["format_version"] == 1
     assert sorted(r["verdict"] for r in report["sources"]) == ["affected", "fixed"]
     assert all(r["source_path"].startswith(str(image_root)) for r in report["sources"])
 
 
 def test_source_folder_with_unknown_code_exits_2(image_root, installed_backend_source):
-    bad = image_root / "srv" / "sglang" / TARGET_RELATIVE
-    bad.parent.mkdir(parents=True)
-    bad.write_text(variants.with_renamed_key(installed_backend_source))
-    ran = cli("status", "--source", str(image_root))
+    bad = (
+        sglang_tree(image_root / "srv", variants.with_renamed_key(installed_backend_source))
+        / "sglang"
+        / TARGET_RELATIVE
+    )
+    ran = run_cli("status", "--source", str(image_root))
     assert ran.returncode == 2 and "unknown" in ran.stderr and str(bad) in ran.stderr
 
 
@@ -95,7 +97,7 @@ def test_source_paths_that_cannot_be_examined_exit_3_with_their_own_message(tmp_
         path, words = tmp_path / "trtllm_mha_backend.py", "permission denied"
         path.write_text(installed_backend_source)
         path.chmod(0)
-    ran = cli("status", "--source", str(path))
+    ran = run_cli("status", "--source", str(path))
     assert ran.returncode == 3 and ran.stdout == ""
     assert len(ran.stderr.strip().splitlines()) == 1 and words in ran.stderr
 
@@ -104,12 +106,12 @@ def test_source_paths_that_cannot_be_examined_exit_3_with_their_own_message(tmp_
 
 
 def test_dash_V_works_like_version():
-    assert cli("-V").stdout == cli("--version").stdout != ""
+    assert run_cli("-V").stdout == run_cli("--version").stdout != ""
 
 
 @pytest.mark.parametrize("verb", ["status", "verify", "run"])
 def test_each_verb_help_has_a_description_exit_statuses_and_variables(verb):
-    out = cli(verb, "--help").stdout
+    out = run_cli(verb, "--help").stdout
     assert "exit status" in out
     assert len(out.split("\n\n")[1].strip()) > 40  # the description paragraph
     if verb != "run":
@@ -134,9 +136,10 @@ def test_allowlist_leaving_out_the_hotfix_on_affected_code_is_a_warning(scenario
 
 def test_a_stale_build_folder_does_not_reach_the_wheel(tmp_path):
     checkout = tmp_path / "checkout"
-    shutil.copytree(
-        REPO, checkout, ignore=shutil.ignore_patterns(".venv", ".cache", ".git", ".whl", ".gpu", ".e2e", "build")
-    )
+    with exclusive("repository-build"):  # not while another test process builds in it
+        shutil.copytree(
+            REPO, checkout, ignore=shutil.ignore_patterns(".venv", ".cache", ".git", ".whl", ".gpu", ".e2e", "build")
+        )
     stale = checkout / "build" / "lib" / "sglang_hotfix_trtllm"
     stale.mkdir(parents=True)
     (stale / "deleted_module.py").write_text("raise SystemExit('stale')\n")
@@ -206,15 +209,7 @@ def test_offline_recipe_installs_with_no_index(tmp_path, offline_wheels):
         check=True,
         timeout=300,
     )
-    ran = subprocess.run(
-        [python, "-m", "sglang_hotfix_trtllm", "status", "--json"],
-        capture_output=True,
-        text=True,
-        env=clean_env(),
-        cwd=tmp_path,
-        timeout=60,
-    )
-    report = json.loads(ran.stdout)
+    report = status_json(python=python, cwd=tmp_path).report
     assert report["verdict"] == "not-applicable" and report["startup_file_active"] is True
 
 
@@ -239,18 +234,9 @@ def test_run_never_shadows_the_images_wrapt(tmp_path, bare_python, plugin_wheel,
         timeout=300,
     )
     env = clean_env(PYTHONPATH=os.pathsep.join([str(target), venv_site_packages]))
-    probe = [bare_python, str(SUPPORT / "scenarios.py"), "wrapt_in_use"]
-    plain = Ran(subprocess.run(probe, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600))
-    under_run = Ran(
-        subprocess.run(
-            [bare_python, "-m", "sglang_hotfix_trtllm", "run", "--"] + probe,
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=tmp_path,
-            timeout=600,
-        )
-    )
+    plain = run_scenario("scenario", "wrapt_in_use", python=bare_python, env=env, cwd=tmp_path)
+    probe = [bare_python, str(SCENARIO_SCRIPTS["scenario"]), "wrapt_in_use"]
+    under_run = run_cli("run", "--", *probe, python=bare_python, env=env, cwd=tmp_path, timeout=600)
     assert plain.result["wrapt_file"].startswith(str(target))  # without run, PYTHONPATH order decides
     assert under_run.returncode == 0, under_run
     assert under_run.result["wrapt_file"].startswith(venv_site_packages), under_run.result
@@ -262,8 +248,8 @@ def test_run_never_shadows_the_images_wrapt(tmp_path, bare_python, plugin_wheel,
 
 
 def _status(value):
-    ran = cli("status", "--json", env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE=value))
-    document = json.loads(ran.stdout)
+    ran = status_json(env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE=value))
+    document = ran.report
     return ran.returncode, {r["hotfix"]: r["decision"] for r in document["hotfixes"]}, document["headline"], ran
 
 
@@ -292,7 +278,7 @@ def test_the_kill_switch_turns_off_what_it_names_and_everything_when_not_underst
     assert {name for name, action in decisions.items() if action == "disabled"} == set(off)
     assert code == (1 if off else 0)
     assert headline.startswith("NOT PROTECTED: " if off else "PROTECTED: ")
-    problems = json.loads(ran.stdout)["switch_problems"]
+    problems = ran.report["switch_problems"]
     assert (problems == []) == understood
     if not understood:
         assert "not understood" in problems[0] and "turning every record off" in problems[0]
@@ -311,7 +297,7 @@ def test_a_process_agrees_with_status_on_a_kill_switch_it_does_not_understand(sc
     "value, word, code", [("", "PROTECTED: ", 0), ("pr25103", "NOT PROTECTED: ", 1), ("1", "NOT PROTECTED: ", 1)]
 )
 def test_the_first_line_is_one_verdict_across_records_matching_the_exit_status(value, word, code):
-    ran = cli("status", env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE=value))
+    ran = run_cli("status", env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE=value))
     first = ran.stdout.splitlines()[0]
     assert ran.returncode == code and first.startswith(word), first
     # Each record's block follows, opened by a line naming the record.
@@ -327,15 +313,8 @@ def test_with_only_the_plugin_loader_the_headline_says_which_processes_are_cover
     """A --target install on PYTHONPATH (no .pth is read there, SGLang importable): only
     SGLang's plugin loader patches. The headline says so and names `run` for the rest."""
     env = clean_env(PYTHONPATH=os.pathsep.join((str(target_install), venv_site_packages)))
-    ran = subprocess.run(
-        [bare_python, "-m", "sglang_hotfix_trtllm", "status", "--json"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=120,
-        env=env,
-    )
-    document = json.loads(ran.stdout)
+    ran = status_json(python=bare_python, cwd=tmp_path, env=env)
+    document = ran.report
     assert ran.returncode == 0 and {r["covered_processes"] for r in document["hotfixes"]} == {
         "sglang-plugin-loader-only"
     }
@@ -346,9 +325,7 @@ def test_with_only_the_plugin_loader_the_headline_says_which_processes_are_cover
         "import sglang.srt.layers.attention.trtllm_mha_backend as b;"
         "print('RESULT:' + __import__('json').dumps(type(b.TRTLLMHAAttnBackend.__dict__['__init__']).__name__))"
     )
-    plain = Ran(
-        subprocess.run([bare_python, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300, env=env)
-    )
+    plain = run_python(["-c", code], cwd=tmp_path, env=env, python=bare_python)
     assert plain.result == "function", plain
 
 
@@ -356,7 +333,7 @@ def test_with_only_the_plugin_loader_the_headline_says_which_processes_are_cover
 
 
 def test_run_with_an_empty_command_name_says_so_and_exits_127():
-    ran = cli("run", "--", "")
+    ran = run_cli("run", "--", "")
     assert ran.returncode == 127 and "not a command name" in ran.stderr and "Traceback" not in ran.stderr
     assert ran.stdout == ""
 
@@ -371,18 +348,16 @@ def deeply_nested(tmp_path):
 
 
 def test_status_source_on_a_too_deeply_nested_file_is_unknown_with_a_message(deeply_nested):
-    ran = cli("status", "--source", str(deeply_nested), "--json")
+    ran = status_json("--source", str(deeply_nested))
     assert ran.returncode == 2 and "Traceback" not in ran.stderr
-    assert [r["verdict"] for r in json.loads(ran.stdout)["hotfixes"]] == ["unknown", "unknown"]
+    assert [r["verdict"] for r in ran.report["hotfixes"]] == ["unknown", "unknown"]
     assert "RecursionError" in ran.stderr
 
 
 def test_a_folder_scan_survives_a_too_deeply_nested_file(image_root, deeply_nested):
-    nested = image_root / "srv" / "sglang" / TARGET_RELATIVE
-    nested.parent.mkdir(parents=True)
-    nested.write_text(deeply_nested.read_text())
-    ran = cli("status", "--source", str(image_root), "--json")
-    verdicts = sorted(s["verdict"] for s in json.loads(ran.stdout)["sources"])
+    sglang_tree(image_root / "srv", deeply_nested.read_text())
+    ran = status_json("--source", str(image_root))
+    verdicts = sorted(s["verdict"] for s in ran.report["sources"])
     assert ran.returncode == 2 and verdicts == ["affected", "fixed", "unknown"], ran.stderr
 
 
@@ -402,7 +377,7 @@ def test_a_folder_scan_with_an_unreadable_sub_folder_exits_3(image_root):
         "from sglang_hotfix_trtllm.cli import main\n"
         "sys.exit(main(['status', '--source', %r, '--json']))\n" % (str(locked), str(image_root))
     )
-    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(), timeout=120)
+    ran = run_python(["-c", code])
     assert ran.returncode == 3 and ran.stdout == "", ran
     assert "cannot read folder %s: Permission denied" % locked in ran.stderr
 
@@ -411,8 +386,8 @@ def test_an_empty_backend_file_is_unknown_for_every_record(tmp_path):
     """No backend class at all: both records say the same thing (0.3.0: unknown and not-applicable)."""
     path = tmp_path / "trtllm_mha_backend.py"
     path.write_text("")
-    ran = cli("status", "--source", str(path), "--json")
-    reports = json.loads(ran.stdout)["hotfixes"]
+    ran = status_json("--source", str(path))
+    reports = ran.report["hotfixes"]
     assert ran.returncode == 2 and [r["verdict"] for r in reports] == ["unknown", "unknown"]
     assert all("class TRTLLMHAAttnBackend not found" in r["reason"] for r in reports)
 
@@ -445,15 +420,8 @@ def test_offline_init_container_recipe_installs_into_a_target_folder_with_the_ne
     )
     assert (target / "wrapt").is_dir() and (target / "sglang_hotfix_trtllm").is_dir()
     probe = "import sys, json, sglang_hotfix_trtllm_autoload as a;print('RESULT:' + json.dumps(a.is_installed()))"
-    ran = Ran(
-        subprocess.run(
-            [bare_python, "-m", "sglang_hotfix_trtllm", "run", "--", bare_python, "-c", probe],
-            capture_output=True,
-            text=True,
-            cwd=tmp_path,
-            timeout=120,
-            env=clean_env(PYTHONPATH=str(target)),
-        )
+    ran = run_cli(
+        "run", "--", bare_python, "-c", probe, python=bare_python, cwd=tmp_path, env=clean_env(PYTHONPATH=str(target))
     )
     assert ran.returncode == 0 and ran.result is True, ran
 
@@ -467,6 +435,6 @@ def test_pip_show_names_both_records(tmp_path):
 
 
 def test_run_help_lists_the_variables_it_says_it_lists():
-    text = cli("run", "--help").stdout
+    text = run_cli("run", "--help").stdout
     for variable in ("SGLANG_HOTFIX_TRTLLM_DISABLE", "SGLANG_HOTFIX_TRTLLM_STRICT", "SGLANG_PLUGINS", "PYTHONPATH"):
         assert variable in text, variable

@@ -30,7 +30,7 @@ def test_requires_wrapt_and_never_sglang_or_torch(wheel):
     assert "Requires-Python: >=3.10" in metadata
 
 
-def test_entry_points(wheel):
+def test_wheel_declares_the_sglang_plugin_and_the_console_script(wheel):
     entry_points = _dist_file(wheel, "entry_points.txt")
     assert "sglang_hotfix_trtllm = sglang_hotfix_trtllm.plugin:register" in entry_points
     assert "sglang-hotfix-trtllm = sglang_hotfix_trtllm.cli:main" in entry_points

@@ -2,6 +2,7 @@
 module, with real tensors on CPU. The oracle is the installed method with
 PR #26521's statement inserted (tests/support/upstream_fix.py)."""
 
+from capture_harness import BRANCH_NAMES
 from conftest import PATCHED
 
 
@@ -30,8 +31,8 @@ def test_patched_equals_upstream_fix_on_every_branch(scenario):
     ran = scenario("equivalence")
     assert ran.returncode == 0, ran
     result = ran.result
-    # 3 step ids x 5 branch cases x 2 call styles x 5 batch sizes x 2 call paths
-    assert result["compared"] == 300
+    # Every branch's capture wrote state, so equal snapshots say something.
+    assert result["written"] == BRANCH_NAMES
     assert result["mismatches"] == []
     # The comparison can fail: the unpatched method differs from upstream's fix,
     # and only in the draft-decode branch (decode and idle modes).
@@ -47,7 +48,7 @@ def test_draft_decode_buffer_holds_the_lengths(scenario):
     assert result["buffer"] == [8, 12, 20, 0, 0, 0, 0, 0]
 
 
-def test_replay_method_is_untouched(scenario):
+def test_the_replay_method_stays_sglangs_own_function_and_behaves_the_same(scenario):
     result = scenario("replay_untouched").result
     assert result["replay_type"] == "function" and not result["replay_has_wrapped"]
     assert result["replay_file"] == result["module_file"]

@@ -15,7 +15,7 @@ def test_sglang_load_plugins_arms_the_hook_without_importing_the_backend(scenari
     assert sum("INFO: patched" in line for line in ran.hotfix_lines()) == 1
 
 
-def test_spawned_child_is_patched(scenario):
+def test_a_child_started_with_the_spawn_method_is_patched(scenario):
     ran = scenario("spawn_child")
     assert ran.returncode == 0, ran
     r = ran.result

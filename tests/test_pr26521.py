@@ -4,6 +4,8 @@ import ast
 
 import pytest
 
+import isolated_release
+import release_selection
 import variants
 from sglang_hotfix_trtllm.records import pr26521
 from sglang_hotfix_trtllm.record import Verdict
@@ -13,7 +15,7 @@ def classify(text):
     return pr26521.classify(ast.parse(text))
 
 
-def test_installed_release_is_affected(installed_backend_source):
+def test_installed_0_5_12_is_affected_with_an_ast_fingerprint(installed_backend_source):
     result = classify(installed_backend_source)
     assert result.verdict is Verdict.AFFECTED, result.reason
     assert result.fingerprint.startswith("ast1:")
@@ -67,7 +69,7 @@ def test_module_without_the_class_is_unknown():
     assert classify("x = 1\n").verdict is Verdict.UNKNOWN
 
 
-def test_release_0_5_13_is_fixed(sglang_release):
-    path = sglang_release("0.5.13") / "sglang" / "srt" / "layers" / "attention" / "trtllm_mha_backend.py"
+def test_release_0_5_13_is_fixed():
+    path = release_selection.release_dir("0.5.13") / isolated_release.BACKEND
     result = classify(path.read_text(encoding="utf-8"))
     assert result.verdict is Verdict.FIXED, result.reason

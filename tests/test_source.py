@@ -4,15 +4,12 @@ SGLang's official images install it. The editable installs are real
 `pip install -e` runs (setuptools' editable finder, and its path-entry mode)
 of a checkout holding SGLang 0.5.12's own files."""
 
-import json
-import pathlib
-import shutil
 import subprocess
 import sys
 
 import pytest
 
-from conftest import TARGET_RELATIVE, clean_env
+from conftest import TARGET_RELATIVE, clean_env, sglang_tree, status_json
 from sglang_hotfix_trtllm import source
 
 PYPROJECT = """\
@@ -46,17 +43,14 @@ def test_locate_reports_a_missing_package():
 def checkout(tmp_path_factory, installed_backend_path):
     """A source checkout's python/ folder with SGLang's own __init__ and backend files."""
     root = tmp_path_factory.mktemp("checkout") / "sglang" / "python"
-    installed_package = installed_backend_path.parents[3]
-    for relative in (pathlib.Path("__init__.py"), TARGET_RELATIVE):
-        destination = root / "sglang" / relative
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(installed_package / relative, destination)
+    init_text = (installed_backend_path.parents[3] / "__init__.py").read_text(encoding="utf-8")
+    sglang_tree(root, installed_backend_path.read_text(encoding="utf-8"), init_text=init_text)
     (root / "pyproject.toml").write_text(PYPROJECT)
     return root
 
 
 @pytest.mark.parametrize("mode", ["lenient", "compat"])
-def test_status_on_an_editable_sglang(tmp_path, checkout, plugin_wheel, mode):
+def test_status_finds_the_backend_of_an_editable_sglang_in_its_checkout(tmp_path, checkout, plugin_wheel, mode):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps"]
@@ -67,15 +61,31 @@ def test_status_on_an_editable_sglang(tmp_path, checkout, plugin_wheel, mode):
         env=clean_env(),
     )
     subprocess.run(pip + [str(plugin_wheel)], check=True, timeout=300, env=clean_env())
-    ran = subprocess.run(
-        [str(venv / "bin" / "sglang-hotfix-trtllm"), "status", "--json"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=clean_env(),
-        timeout=60,
-    )
-    report = json.loads(ran.stdout)
+    report = status_json(python=str(venv / "bin" / "python"), cwd=tmp_path).report
     assert report["sglang_install_kind"] == "editable"
     assert report["source_path"] == str(checkout / "sglang" / TARGET_RELATIVE)
     assert report["verdict"] == "affected" and report["sglang_version"] == "0.5.12"
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        "Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.12\n",
+        "Metadata-Version: 2.1\nName: sglang\nSummary: a long\n  folded summary: Version: 9\nVersion:  0.5.12.post1 \n",
+        "Metadata-Version: 2.1\nName: sglang\n\nVersion: 1.0 in the description, not a header\n",
+        "Metadata-Version: 2.1\nName: sglang\nversion: 0.5.13.dev12+g1a2b3c4\n",
+        "Metadata-Version: 2.1\nName: sglang\nVersion: 0.5\n .12\n",
+        "Metadata-Version: 2.1\nName: sglang\nVersion:\t0.5.12\t\n",
+    ],
+    ids=["plain", "folded-header-before", "in-the-body", "lower-case-key", "folded-version", "tabs"],
+)
+def test_the_version_read_from_the_headers_is_importlib_metadatas(tmp_path, headers):
+    """source.distribution reads only the header lines (the whole file went through the email
+    parser four times per import); what it reads must be what importlib.metadata reads."""
+    from importlib import metadata
+
+    dist_info = tmp_path / "sglang-0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text(headers + "\n" + "Long description.\n" * 1000)
+    (dist, *_) = metadata.distributions(path=[str(tmp_path)])
+    assert source._version(dist) == dist.version

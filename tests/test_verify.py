@@ -1,23 +1,17 @@
 """`sglang-hotfix-trtllm verify` on the installed SGLang (CPU)."""
 
 import re
-import subprocess
 import sys
 
 import pytest
 
-from conftest import clean_env, run_python
+import release_selection
+
+from conftest import clean_env, run_cli, run_python
 
 
 def verify(tmp_path, env=None, python=sys.executable):
-    return subprocess.run(
-        [python, "-m", "sglang_hotfix_trtllm", "verify"],
-        capture_output=True,
-        text=True,
-        env=env or clean_env(),
-        cwd=tmp_path,
-        timeout=600,
-    )
+    return run_cli("verify", python=python, env=env, cwd=tmp_path, timeout=600)
 
 
 def test_verify_shows_unpatched_patched_and_upstream_and_exits_0(tmp_path):
@@ -50,8 +44,8 @@ def test_verify_without_torch_says_which_import_failed(tmp_path, bare_python, ve
     assert "cannot import torch" in ran.stderr and "cannot import" not in ran.stdout  # errors on stderr only
 
 
-def test_verify_on_a_fixed_release_has_nothing_to_verify(tmp_path, sglang_release):
-    ran = verify(tmp_path, env=clean_env(PYTHONPATH=str(sglang_release("0.5.13"))))
+def test_verify_on_a_fixed_release_has_nothing_to_verify(tmp_path):
+    ran = verify(tmp_path, env=clean_env(PYTHONPATH=str(release_selection.installed("0.5.13"))))
     assert ran.returncode == 0 and "nothing to verify" in ran.stdout
 
 

@@ -30,6 +30,10 @@ def make_backend(cls, step_id):
     )
 
 
+# The capture method's branches, by the names ``branches`` gives them (sorted).
+BRANCH_NAMES = ["draft_decode", "draft_extend", "idle_draft_decode", "normal_decode", "target_verify"]
+
+
 def branches(forward_mode_cls):
     """(name, forward_mode, spec_info, tokens per request) for all four branches."""
     return [
@@ -108,15 +112,18 @@ def compare_with_oracle(cls, forward_mode_cls, oracle, unpatched):
     class attribute called unbound, the oracle and the unpatched method, on
     fresh backends, and compare every snapshot with the oracle's.
 
-    Returns (comparisons made, mismatches, {branch: times unpatched differed}).
+    Returns (branches whose capture wrote state, mismatches, {branch: times unpatched differed}):
+    the first says the comparison saw something on each branch (equal snapshots of untouched
+    backends would prove nothing).
     """
 
     def through_class(backend, *args, **kwargs):  # TRTLLMHAAttnBackend.method(self, ...)
         return cls.init_forward_metadata_capture_cuda_graph(backend, *args, **kwargs)
 
     functions = {"patched": via_instance, "class": through_class, "oracle": oracle, "unpatched": unpatched}
-    compared, mismatches, unpatched_differs = 0, [], {}
+    written, mismatches, unpatched_differs = set(), [], {}
     for step_id in (0, 1, 2):
+        untouched = snapshot(make_backend(cls, step_id))
         for branch, forward_mode, spec_info, tokens in branches(forward_mode_cls):
             for style in ("positional", "keyword"):
                 backends = {name: make_backend(cls, step_id) for name in functions}
@@ -136,8 +143,9 @@ def compare_with_oracle(cls, forward_mode_cls, oracle, unpatched):
                             style,
                         )
                     states = {name: snapshot(backend) for name, backend in backends.items()}
+                    if differences(states["oracle"], untouched):
+                        written.add(branch)
                     for name in ("patched", "class"):
-                        compared += 1
                         diff = differences(states[name], states["oracle"])
                         if diff:
                             mismatches.append(
@@ -152,4 +160,4 @@ def compare_with_oracle(cls, forward_mode_cls, oracle, unpatched):
                             )
                     if differences(states["unpatched"], states["oracle"]):
                         unpatched_differs[branch] = unpatched_differs.get(branch, 0) + 1
-    return compared, mismatches, unpatched_differs
+    return sorted(written), mismatches, unpatched_differs

@@ -136,7 +136,7 @@ def hook_registry(order):
     original = None
     for layer in patch._chain(cls.__dict__[METHOD]):
         original = layer
-    compared, mismatches, unpatched_differs = compare_with_oracle(
+    written, mismatches, unpatched_differs = compare_with_oracle(
         cls, ForwardMode, upstream_fixed_method(module), original
     )
     top = cls.__dict__[METHOD]
@@ -149,7 +149,7 @@ def hook_registry(order):
         top_type=type(top).__name__,
         top_file=getattr(getattr(top, "__code__", None), "co_filename", None),
         hook_calls=len(calls),
-        compared=compared,
+        written=written,
         mismatches=mismatches,
         unpatched_differs=unpatched_differs,
         restored=restored,

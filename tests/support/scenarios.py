@@ -87,10 +87,10 @@ def equivalence():
     module = _import_backend()
     cls = module.TRTLLMHAAttnBackend
     unpatched = cls.__dict__[METHOD].__wrapped__
-    compared, mismatches, unpatched_differs = compare_with_oracle(
+    written, mismatches, unpatched_differs = compare_with_oracle(
         cls, ForwardMode, upstream_fixed_method(module), unpatched
     )
-    _result(compared=compared, mismatches=mismatches, unpatched_differs=unpatched_differs)
+    _result(written=written, mismatches=mismatches, unpatched_differs=unpatched_differs)
 
 
 def draft_decode_values():
