@@ -195,7 +195,7 @@ def handle(hotfix, module):
         say(
             logging.INFO,
             "patched %s (%s, fingerprint %s): %s as %s does",
-            hotfix.target,
+            hotfix.targets_text,
             _version_text(hotfix, path),
             assessment.fingerprint,
             hotfix.effect,

@@ -21,13 +21,16 @@ own function, found as the class attribute itself:
   ours off in place (wrapt's ``enabled``): the call then goes straight through.
 
 State, in one place (as gevent keeps its ``saved`` dict): ``_applied`` holds
-one ``Applied`` per wrapped method; ``is_patched``, ``remove_all`` and the
-engine's report all read it.
+one ``Applied`` per wrapped method and one ``Gate`` per replaced module global
+(``Hotfix.gates``); ``is_patched``, ``remove_all`` and the engine's report all
+read it. A record that wraps several methods (``Hotfix.also``) wraps all of
+them or none.
 """
 
 import functools
 import logging
 import os
+import sys
 import threading
 import types
 import weakref
@@ -46,15 +49,16 @@ class NotWrappable(Exception):
 
 
 class Applied:
-    """One wrapped method: the class (weakly), the record, the original
-    function object and our wrapper. Calling it answers wrapt's ``enabled``
-    question: False once ``remove()`` turned the wrapper off in place."""
+    """One wrapped method: the class (weakly), the record, the method's name,
+    the original function object and our wrapper. Calling it answers wrapt's
+    ``enabled`` question: False once ``remove()`` turned the wrapper off in place."""
 
-    __slots__ = ("cls_ref", "hotfix", "original", "wrapper", "enabled", "__weakref__")
+    __slots__ = ("cls_ref", "hotfix", "method_name", "original", "wrapper", "enabled", "__weakref__")
 
-    def __init__(self, cls, hotfix, original):
+    def __init__(self, cls, hotfix, method_name, original):
         self.cls_ref = weakref.ref(cls)
         self.hotfix = hotfix
+        self.method_name = method_name
         self.original = original
         self.wrapper = None
         self.enabled = True
@@ -63,13 +67,28 @@ class Applied:
         return self.enabled
 
 
+class Gate:
+    """One module global replaced by a record's gate (``Hotfix.gates``): the
+    module (weakly), the name, what it held and the gate put there."""
+
+    __slots__ = ("module_ref", "hotfix", "name", "original", "gate")
+
+    def __init__(self, module, hotfix, name, original, gate):
+        self.module_ref = weakref.ref(module)
+        self.hotfix, self.name, self.original, self.gate = hotfix, name, original, gate
+
+
 class HotfixWrapper(wrapt.FunctionWrapper):
     """Marks a method wrapped by this package, so applying twice is a no-op."""
 
 
-def _is_ours(attribute, hotfix):
+def _is_ours(attribute, hotfix, method_name):
     try:
-        return isinstance(attribute, HotfixWrapper) and attribute._self_hotfix_name == hotfix.name
+        return (
+            isinstance(attribute, HotfixWrapper)
+            and attribute._self_hotfix_name == hotfix.name
+            and attribute._self_method_name == method_name
+        )
     except Exception:
         return False
 
@@ -104,13 +123,13 @@ def _cell_holds(cell, value):
         return False
 
 
-def _ours_in_chain(attribute, hotfix):
-    """Our wrapper when it is the attribute or sits below another wrapper (a
-    wrapper made around ours as seen through the class holds wrapt's bound
-    wrapper, whose ``_self_parent`` is ours); else None."""
+def _ours_in_chain(attribute, hotfix, method_name):
+    """Our wrapper of ``method_name`` when it is the attribute or sits below another
+    wrapper (a wrapper made around ours as seen through the class holds wrapt's
+    bound wrapper, whose ``_self_parent`` is ours); else None."""
     for layer in _chain(attribute):
         for candidate in (layer, getattr(layer, "_self_parent", None)):
-            if _is_ours(candidate, hotfix):
+            if _is_ours(candidate, hotfix, method_name):
                 return candidate
     return None
 
@@ -126,38 +145,57 @@ def _describe(attribute):
     )
 
 
-def _check_wrappable(hotfix, current, assessment):
+def _first_line(assessment, hotfix, method_name):
+    line = assessment.method_first_line
+    if isinstance(line, dict):
+        return line.get(method_name)
+    return line if method_name == hotfix.method_name else None
+
+
+def _check_wrappable(hotfix, method_name, current, assessment):
     """None when the class attribute is the function the analysis read, else why not."""
+    target = "%s.%s.%s" % (hotfix.module, hotfix.class_name, method_name)
     if type(current) is not types.FunctionType or hasattr(current, "__wrapped__"):  # type(): proxies pass isinstance
         return (
             "%s is already wrapped or replaced by someone else (%s): the hotfix's repair is proven only directly "
             "around SGLang's own method, so it stands aside. The .pth file, SGLang's plugin loader and `run` "
-            "apply the hotfix when the backend is imported, before other patchers" % (hotfix.target, _describe(current))
+            "apply the hotfix when the backend is imported, before other patchers" % (target, _describe(current))
         )
     code = current.__code__
-    if code.co_name != hotfix.method_name:
-        return "%s holds function %r from %s (replaced by someone else?)" % (
-            hotfix.target,
-            code.co_name,
-            code.co_filename,
-        )
+    if code.co_name != method_name:
+        return "%s holds function %r from %s (replaced by someone else?)" % (target, code.co_name, code.co_filename)
     if assessment.source_path and os.path.basename(code.co_filename) != os.path.basename(assessment.source_path):
-        return "%s was compiled from %s, not from the analysed %s" % (
-            hotfix.target,
-            code.co_filename,
-            assessment.source_path,
-        )
-    if assessment.method_first_line is not None and code.co_firstlineno != assessment.method_first_line:
+        return "%s was compiled from %s, not from the analysed %s" % (target, code.co_filename, assessment.source_path)
+    first_line = _first_line(assessment, hotfix, method_name)
+    if first_line is not None and code.co_firstlineno != first_line:
         return "%s starts at line %d in the running code but at line %d on disk (file changed since import?)" % (
-            hotfix.target,
+            target,
             code.co_firstlineno,
-            assessment.method_first_line,
+            first_line,
         )
     return None
 
 
+def _check_gates(hotfix, module):
+    """None when every global the record gates is there and still the module's own, else why not."""
+    for name, _ in hotfix.gates:
+        if name not in vars(module):
+            return "%s has no global %r (the record reaches its callee through it)" % (hotfix.module, name)
+    return None
+
+
+class GateProxy:
+    """Base class of the objects ``Hotfix.gates`` put in a module's globals: a gate is
+    recognised as one, and a new gate is put around what the old one gated, never
+    around a gate."""
+
+    def __init__(self, gated):
+        self.__dict__["_hotfix_gated"] = gated
+
+
 def wrap(hotfix, module, assessment):
-    """Wrap the target method on its class. Returns "wrapped" or "already".
+    """Wrap the record's methods on their class (all or none) and put its gates
+    in the module. Returns "wrapped" or "already".
 
     The record's wrapper gets ``module`` (the module it was applied to) as its
     first argument: the names of the target module it needs come from there,
@@ -166,28 +204,74 @@ def wrap(hotfix, module, assessment):
     """
     with _lock:
         cls = getattr(module, hotfix.class_name)
-        current = cls.__dict__[hotfix.method_name]
-        ours = _ours_in_chain(current, hotfix)
-        if ours is not None:
-            entry = ours._self_enabled  # the Applied record it was made with
-            if entry.enabled and entry in _applied:
-                return "already"
-            # apply() after a remove() that turned ours off in place, or after someone put ours back
-            # (a mock.patch.object undone): ours is in force again, and recorded again.
-            entry.enabled = True
-            if entry not in _applied:
-                _applied.append(entry)
-            return "wrapped"
-        problem = _check_wrappable(hotfix, current, assessment)
+        found = [(name, cls.__dict__[name]) for name in hotfix.method_names]
+        ours = [_ours_in_chain(current, hotfix, name) for name, current in found]
+        if all(wrapper is not None for wrapper in ours):
+            resumed = _resume(ours)
+            return "wrapped" if _install_gates(hotfix, module) or resumed else "already"
+        for (name, current), wrapper in zip(found, ours):
+            problem = None if wrapper is not None else _check_wrappable(hotfix, name, current, assessment)
+            if problem:
+                raise NotWrappable(problem)
+        if any(wrapper is not None for wrapper in ours):
+            raise NotWrappable(
+                "%s: only some of the record's methods hold the hotfix's wrapper (another patcher "
+                "replaced the others?)" % hotfix.target
+            )
+        problem = _check_gates(hotfix, module)
         if problem:
             raise NotWrappable(problem)
-        entry = Applied(cls, hotfix, current)
-        wrapper = HotfixWrapper(current, functools.partial(hotfix.wrapper, module), enabled=entry)
-        wrapper._self_hotfix_name = hotfix.name
-        entry.wrapper = wrapper
-        setattr(cls, hotfix.method_name, wrapper)
-        _applied.append(entry)
+        for name, current in found:
+            entry = Applied(cls, hotfix, name, current)
+            wrapper = HotfixWrapper(current, functools.partial(hotfix.wrapper, module), enabled=entry)
+            wrapper._self_hotfix_name = hotfix.name
+            wrapper._self_method_name = name
+            entry.wrapper = wrapper
+            setattr(cls, name, wrapper)
+            _applied.append(entry)
+        _install_gates(hotfix, module)
         return "wrapped"
+
+
+def _resume(ours):
+    """Every method already holds our wrapper. True when some were off (apply() after a
+    remove() that turned them off in place, or after someone put ours back: a
+    mock.patch.object undone): now in force again, and recorded again."""
+    entries = [wrapper._self_enabled for wrapper in ours]  # the Applied records they were made with
+    if all(entry.enabled and entry in _applied for entry in entries):
+        return False
+    for entry in entries:
+        entry.enabled = True
+        if entry not in _applied:
+            _applied.append(entry)
+    return True
+
+
+def _gate_in_force(hotfix, module, name):
+    return any(
+        isinstance(e, Gate)
+        and e.hotfix is hotfix
+        and e.name == name
+        and e.module_ref() is module
+        and vars(module).get(name) is e.gate
+        for e in _applied
+    )
+
+
+def _install_gates(hotfix, module):
+    """Put the record's gates that are not in force into the module; True when one was put."""
+    installed = False
+    for name, make_gate in hotfix.gates:
+        if _gate_in_force(hotfix, module, name):
+            continue
+        original = vars(module)[name]
+        if isinstance(original, GateProxy):  # one of ours, put back by someone after remove()
+            original = original.__dict__["_hotfix_gated"]
+        gate = make_gate(module, original)
+        setattr(module, name, gate)
+        _applied.append(Gate(module, hotfix, name, original, gate))
+        installed = True
+    return installed
 
 
 def remove_all():
@@ -203,28 +287,32 @@ def remove_all():
     restored = 0
     with _lock:
         for entry in _applied:
+            if isinstance(entry, Gate):
+                _remove_gate(entry)
+                continue
             entry.enabled = False
             cls = entry.cls_ref()
             if cls is None:
                 continue
-            current = cls.__dict__.get(entry.hotfix.method_name)
+            target = "%s.%s.%s" % (entry.hotfix.module, entry.hotfix.class_name, entry.method_name)
+            current = cls.__dict__.get(entry.method_name)
             if current is entry.wrapper:
-                setattr(cls, entry.hotfix.method_name, entry.original)
+                setattr(cls, entry.method_name, entry.original)
                 restored += 1
-            elif _ours_in_chain(current, entry.hotfix) is not None:
+            elif _ours_in_chain(current, entry.hotfix, entry.method_name) is not None:
                 restored += 1
                 say(
                     logging.WARNING,
                     "%s: another wrapper sits on top of the hotfix's; the hotfix is turned off "
                     "in place and calls go straight to SGLang's method",
-                    entry.hotfix.target,
+                    target,
                 )
             else:
                 say(
                     logging.WARNING,
                     "not restoring %s: it was replaced after the hotfix wrapped it (the hotfix "
                     "is no longer called there, and is turned off should it come back)",
-                    entry.hotfix.target,
+                    target,
                 )
         _applied.clear()  # what stays reachable is found again through the class by wrap()
     if restored:
@@ -232,9 +320,29 @@ def remove_all():
     return restored
 
 
+def _remove_gate(entry):
+    """Put the module's global back, when it still holds our gate. A gate left in
+    place is harmless: with its record's wrappers off it only passes calls through."""
+    module = entry.module_ref()
+    if module is not None and vars(module).get(entry.name) is entry.gate:
+        setattr(module, entry.name, entry.original)
+    elif module is not None:
+        say(
+            logging.WARNING,
+            "not restoring %s.%s: it was replaced after the hotfix put its gate there",
+            entry.hotfix.module,
+            entry.name,
+        )
+
+
 def is_patched(hotfix, cls):
-    """True when this hotfix's wrapper is in force on the class's method: ours,
-    on or under another wrapper that calls it, and not turned off."""
+    """True when this hotfix's wrappers are in force on every method it wraps (ours,
+    on or under another wrapper that calls it, and not turned off) and its gates are
+    in the module's globals."""
     with _lock:
-        ours = _ours_in_chain(cls.__dict__.get(hotfix.method_name), hotfix)
-        return ours is not None and ours._self_enabled.enabled
+        for name in hotfix.method_names:
+            ours = _ours_in_chain(cls.__dict__.get(name), hotfix, name)
+            if ours is None or not ours._self_enabled.enabled:
+                return False
+        module = sys.modules.get(cls.__module__)
+        return all(module is not None and _gate_in_force(hotfix, module, name) for name, _ in hotfix.gates)

@@ -62,7 +62,8 @@ class Classification(Value):
 
     ``method_first_line``: first line of the target method (decorators
     included), to check that the function object about to be wrapped was
-    compiled from the analysed code.
+    compiled from the analysed code; for a record that wraps several methods
+    (``Hotfix.also``), a dict method name -> first line.
     """
 
     __slots__ = ("verdict", "reason", "fingerprint", "method_first_line")
@@ -88,6 +89,14 @@ class Hotfix(Value):
       it cannot compute is skipped with ``logs.repair_skipped``.
     * ``known_fingerprints``: fingerprint -> (Verdict, releases with that code).
     * ``probe``: "module:function" run by ``verify`` on the imported target.
+    * ``also``: other methods of the same class that the same ``wrapper``
+      wraps (it tells them apart by ``wrapped.__name__``); all of them are
+      wrapped, or none.
+    * ``gates``: ``(name, make_gate)`` pairs: the target module's global
+      ``name`` is replaced, while the hotfix is applied, by ``make_gate(module,
+      value)`` (a proxy through which the module's own code reaches ``value``),
+      and put back by ``remove()``. For a repair that must change what the
+      method passes to a function it calls (pr28144: FlashInfer's kernels).
     """
 
     __slots__ = (
@@ -101,8 +110,10 @@ class Hotfix(Value):
         "wrapper",
         "known_fingerprints",
         "probe",
+        "also",
+        "gates",
     )
-    _defaults = {"known_fingerprints": {}, "probe": None, "summary": "", "effect": "patched"}
+    _defaults = {"known_fingerprints": {}, "probe": None, "summary": "", "effect": "patched", "also": (), "gates": ()}
 
     @property
     def module(self):
@@ -115,6 +126,16 @@ class Hotfix(Value):
     @property
     def method_name(self):
         return self.target.rsplit(".", 2)[2]
+
+    @property
+    def targets_text(self):
+        """The target, and the other methods wrapped with it ("...Class.a and b")."""
+        return " and ".join((self.target,) + tuple(self.also))
+
+    @property
+    def method_names(self):
+        """Every method the record wraps: the target's, then ``also``."""
+        return (self.method_name,) + tuple(self.also)
 
 
 class ProbeReport(Value):
