@@ -176,14 +176,6 @@ def _check_wrappable(hotfix, method_name, current, assessment):
     return None
 
 
-def _check_gates(hotfix, module):
-    """None when every global the record gates is there and still the module's own, else why not."""
-    for name, _ in hotfix.gates:
-        if name not in vars(module):
-            return "%s has no global %r (the record reaches its callee through it)" % (hotfix.module, name)
-    return None
-
-
 class GateProxy:
     """Base class of the objects ``Hotfix.gates`` put in a module's globals: a gate is
     recognised as one, and a new gate is put around what the old one gated, never
@@ -218,9 +210,6 @@ def wrap(hotfix, module, assessment):
                 "%s: only some of the record's methods hold the hotfix's wrapper (another patcher "
                 "replaced the others?)" % hotfix.target
             )
-        problem = _check_gates(hotfix, module)
-        if problem:
-            raise NotWrappable(problem)
         for name, current in found:
             entry = Applied(cls, hotfix, name, current)
             wrapper = HotfixWrapper(current, functools.partial(hotfix.wrapper, module), enabled=entry)
@@ -259,10 +248,13 @@ def _gate_in_force(hotfix, module, name):
 
 
 def _install_gates(hotfix, module):
-    """Put the record's gates that are not in force into the module; True when one was put."""
+    """Put the record's gates that are not in force into the module; True when one was put.
+    A global the module does not have is left absent: the module's own code cannot reach
+    it either (SGLang binds ``flashinfer`` only where it imports), and the record's wrapper
+    says so should a call ever run without passing its gate."""
     installed = False
     for name, make_gate in hotfix.gates:
-        if _gate_in_force(hotfix, module, name):
+        if name not in vars(module) or _gate_in_force(hotfix, module, name):
             continue
         original = vars(module)[name]
         if isinstance(original, GateProxy):  # one of ours, put back by someone after remove()
@@ -345,4 +337,7 @@ def is_patched(hotfix, cls):
             if ours is None or not ours._self_enabled.enabled:
                 return False
         module = sys.modules.get(cls.__module__)
-        return all(module is not None and _gate_in_force(hotfix, module, name) for name, _ in hotfix.gates)
+        return all(
+            module is not None and (name not in vars(module) or _gate_in_force(hotfix, module, name))
+            for name, _ in hotfix.gates
+        )

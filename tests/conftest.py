@@ -32,6 +32,22 @@ OUR_VARIABLES = ("SGLANG_HOTFIX_TRTLLM_DISABLE", "SGLANG_HOTFIX_TRTLLM_STRICT", 
 TARGET_RELATIVE = pathlib.Path("srt", "layers", "attention", "trtllm_mha_backend.py")
 
 
+def record_names():
+    """The records the installed package carries, in the catalog's order (status and the log follow it)."""
+    from sglang_hotfix_trtllm.records import catalog
+
+    return [hotfix.name for hotfix in catalog.HOTFIXES]
+
+
+def wrapped_methods(*records, leaving_out=()):
+    """The methods of the backend class the named records wrap (every record's when none is
+    named), sorted; ``leaving_out``: records whose methods are not counted."""
+    from sglang_hotfix_trtllm.records import catalog
+
+    chosen = [h for h in catalog.HOTFIXES if (not records or h.name in records) and h.name not in leaving_out]
+    return sorted(name for hotfix in chosen for name in hotfix.method_names)
+
+
 def clean_env(**overrides):
     env = {k: v for k, v in os.environ.items() if k not in OUR_VARIABLES and k != "PYTHONPATH"}
     env["PYTHONUNBUFFERED"] = "1"

@@ -4,7 +4,7 @@ import pytest
 
 import release_selection
 import variants
-from conftest import PATCHED, UNPATCHED, clean_env
+from conftest import PATCHED, UNPATCHED, clean_env, wrapped_methods
 
 
 def test_disable_switch_leaves_sglang_alone_and_silent(scenario):
@@ -68,15 +68,18 @@ def test_strict_mode_does_not_interfere_when_patching_works(scenario):
     assert ran.returncode == 0 and ran.result["attribute_type"] == PATCHED
 
 
-def test_release_0_5_13_is_fixed_and_nothing_is_wrapped(scenario):
+def test_release_0_5_13_is_fixed_for_the_first_two_records_and_only_pr28144_wraps(scenario):
     folder = release_selection.installed("0.5.13")
     ran = scenario("describe", env=clean_env(PYTHONPATH=str(folder)))
     assert ran.returncode == 0, ran
     assert ran.result["module_file"].startswith(str(folder))
-    # 0.5.13 has no capture method at all, and nothing in the class is wrapped.
-    assert ran.result["attribute_type"] is None and ran.result["wrappers_in_class"] == []
-    lines = ran.hotfix_lines()
-    assert len(lines) == 1 and "upstream already has the fix" in lines[0] and "sglang 0.5.13" in lines[0]
+    # 0.5.13 has no capture method at all; only pr28144's methods (fixed in 0.5.14) are wrapped.
+    assert ran.result["attribute_type"] is None and ran.result["wrappers_in_class"] == wrapped_methods("pr28144")
+    lines = ran.hotfix_lines(record=None)
+    fixed = [line for line in lines if "upstream already has the fix" in line and "sglang 0.5.13" in line]
+    patched = [line for line in lines if "INFO: patched" in line]
+    assert len(fixed) == 2 and len(patched) == 1 and len(lines) == 3, lines
+    assert "forward_decode and forward_extend" in patched[0]
 
 
 def test_status_and_the_import_hook_act_on_engine_decide_alone(monkeypatch):

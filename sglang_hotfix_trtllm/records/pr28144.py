@@ -145,6 +145,10 @@ def maybe_quantize_q(backend, q, force_fp8=False):
     return q_2d.reshape(q.shape), q_scale
 
 
+def _target(method):
+    return "%s.%s.%s" % (HOTFIX.module, CLASS_NAME, method)
+
+
 def _quantizer():
     import importlib
 
@@ -180,9 +184,15 @@ def note_the_call(module, wrapped, instance, args, kwargs):
     call = Call(wrapped.__name__, backend, q, layer, forward_batch)
     token = _current_call.set(call)
     try:
-        return wrapped(*args, **kwargs)
+        result = wrapped(*args, **kwargs)
     finally:
         _current_call.reset(token)
+    if not call.used:
+        # Every release this record accepts calls one kernel per call, through the module's
+        # ``flashinfer``: a call that returned without passing the gate reached the kernel some
+        # other way (the global replaced after the hotfix was applied), unrepaired.
+        logs.repair_skipped(_target(call.method), HOTFIX.name, LookupError("the kernel call did not pass the gate"))
+    return result
 
 
 class _GatedKernel:
@@ -201,14 +211,15 @@ class _GatedKernel:
         try:
             repaired = upstream_arguments(call, kwargs)
         except Exception as error:
-            logs.repair_skipped(HOTFIX.target, HOTFIX.name, error)
+            logs.repair_skipped(_target(call.method), HOTFIX.name, error)
             return self.kernel(**kwargs)
         try:
             return self.kernel(**repaired)
         except Exception as error:
-            # The kernel refused upstream's arguments (an older FlashInfer than the release pins, say):
-            # SGLang's own call decides, so the hotfix never raises where SGLang would not.
-            logs.repair_skipped(HOTFIX.target, HOTFIX.name, error)
+            # The kernel refused upstream's arguments (an older FlashInfer than the release pins, or
+            # XQA asking target verify for a mask SGLang does not pass): SGLang's own call decides,
+            # so the hotfix never raises where SGLang would not.
+            logs.repair_skipped(_target(call.method), HOTFIX.name, error)
             return self.kernel(**kwargs)
 
     def __getattr__(self, name):
@@ -301,12 +312,16 @@ def _flashinfer_problem(tree):
     return None
 
 
-def _kernels_named_elsewhere(tree, methods):
-    """The first place outside the two methods that names a kernel or the gated submodules'
-    kernels (the gate must see only the kernel calls the methods prepared)."""
-    inside = {id(node) for method in methods for node in ast.walk(method)}
+def _kernels_named_elsewhere(tree, cls, methods):
+    """The first line outside the two live methods that names a kernel (the gate must see
+    only the kernel calls those methods prepare). Definitions Python replaces (an earlier
+    ``class`` of the same name, an earlier ``def`` of the two methods) never run as such."""
+    skipped = {id(node) for method in methods for node in ast.walk(method)}
+    dead = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == CLASS_NAME and n is not cls]
+    dead += [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name in METHODS and n not in methods]
+    skipped |= {id(node) for definition in dead for node in ast.walk(definition)}
     for node in ast.walk(tree):
-        if id(node) in inside:
+        if id(node) in skipped:
             continue
         named = (
             (isinstance(node, ast.Attribute) and node.attr in KERNELS.values())
@@ -366,7 +381,7 @@ def classify(tree):
     problem = _flashinfer_problem(tree)
     if problem:
         return verdict(Verdict.UNKNOWN, problem)
-    line = _kernels_named_elsewhere(tree, methods)
+    line = _kernels_named_elsewhere(tree, cls, methods)
     if line is not None:
         return verdict(
             Verdict.UNKNOWN, "code outside forward_decode / forward_extend names a TRT-LLM kernel (line %d)" % line

@@ -1,0 +1,691 @@
+"""The FP8 KV-cache scales record (pr28144) on CPU: what FlashInfer's TRT-LLM kernels receive.
+
+* ``load_backend_module(release_dir)``: one release's ``TRTLLMHAAttnBackend`` with all its
+  methods but ``__init__`` (``isolated_release``: compiled from the release's file, with its
+  line numbers, module named as SGLang's), plus the module globals ``forward_decode`` and
+  ``forward_extend`` reach: ``torch``, the release's ``ForwardMode`` and
+  ``TRTLLMMHAMetadata``, the release's own ``canonicalize_stride`` (compiled from its
+  ``layers/attention/utils.py``: the module holding it imports triton and SGLang), and
+  recorders where the real thing needs a GPU: ``flashinfer`` (the two kernels) and
+  ``fused_fp8_set_kv_buffer`` (a Triton kernel); ``envs`` and ``logger`` are small stand-ins.
+* ``upstream_module(release_dir, fixed_dir)``: the same release with PR #28144 applied by AST:
+  0.5.14's three helpers added to the class, and in ``forward_decode`` / ``forward_extend`` the
+  unscaled FP8 cast and the four-statement scale block replaced by 0.5.14's own statements.
+* ``cases(release)``: name -> ``Case`` (KV dtype, the layer's scales, XQA, the KV write path,
+  forward mode), for what that release's code can do.
+* ``kernel_calls(module, case)``: runs one case through the class's method and returns what the
+  recorders saw, as plain data compared with ``==``.
+
+``scaled_fp8_quant`` (0.5.14's quantizer of Q) does not run on CPU: SGLang's CUDA/CPU definition
+calls ``sgl_kernel``'s per-tensor kernel, which a CPU install does not define (NameError).
+``cpu_scaled_fp8_quant`` is a CPU stand-in: the installed SGLang's own other definition of it
+(the ROCm build's, whose per-tensor path without aiter or vLLM is its native PyTorch
+quantization), compiled from the installed ``fp8_kernel.py``.
+
+Nothing of SGLang is copied here: every SGLang function that runs is compiled at test time from
+a release's file (or the installed SGLang's).
+"""
+
+import ast
+import copy
+import dataclasses
+import functools
+import importlib.util
+import logging
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import types
+import typing
+import weakref
+import zipfile
+
+import torch
+
+import isolated_release
+import release_selection
+from conftest import exclusive
+
+MODULE_NAME = isolated_release.MODULE_NAME
+BACKEND = isolated_release.BACKEND
+CLASS_NAME = "TRTLLMHAAttnBackend"
+METHODS = ("forward_decode", "forward_extend")
+UPSTREAM_HELPERS = ("_get_scalar_scale", "_get_bmm_scales", "_maybe_quantize_q")
+FIXED_RELEASE = "0.5.14"
+ATTENTION_UTILS = "sglang/srt/layers/attention/utils.py"
+FP8_KERNEL = "srt/layers/quantization/fp8_kernel.py"  # inside the installed sglang package
+# Files the shared release cache does not keep (scan_releases keeps only what the records read).
+EXTRA_CACHE = pathlib.Path(os.environ.get("SGLANG_HOTFIX_FP8_CACHE", "/tmp/sglang_hotfix_fp8_cache"))
+FP8 = torch.float8_e4m3fn
+
+
+# --------------------------------------------------------------------------
+# Parsing, shared
+
+
+@functools.lru_cache(maxsize=None)
+def _tree(path):
+    return ast.parse(pathlib.Path(path).read_text(encoding="utf-8"))
+
+
+def _backend_class(path):
+    """A fresh copy of the file's backend class node (callers edit it)."""
+    return copy.deepcopy(next(n for n in _tree(path).body if isinstance(n, ast.ClassDef) and n.name == CLASS_NAME))
+
+
+def _methods(class_node):
+    return {n.name: n for n in class_node.body if isinstance(n, ast.FunctionDef)}
+
+
+def _is_self_attribute(node, attr=None):
+    return (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
+        and (attr is None or node.attr == attr)
+    )
+
+
+def _self_attributes(methods, roots):
+    """The ``self`` attributes (not methods) that the ``roots`` read, directly or through the
+    methods of ``methods`` they call."""
+    seen, todo, read = set(), list(roots), set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for node in ast.walk(methods[name]):
+            if _is_self_attribute(node) and isinstance(node.ctx, ast.Load):
+                if node.attr in methods:
+                    todo.append(node.attr)
+                else:
+                    read.add(node.attr)
+    return read
+
+
+def backend_attributes(release_dir, fixed_dir):
+    """What a backend object needs: every attribute the release's ``forward_decode`` and
+    ``forward_extend`` read, and those 0.5.14's helpers read that the release's ``__init__``
+    sets (``data_type``, which 0.5.1 to 0.5.4.post1 never read in these methods; ``is_xqa_impl``
+    only where the release has it)."""
+    methods = _methods(_backend_class(release_dir / BACKEND))
+    fixed = _methods(_backend_class(fixed_dir / BACKEND))
+    set_by_init = {
+        n.attr for n in ast.walk(methods["__init__"]) if _is_self_attribute(n) and isinstance(n.ctx, ast.Store)
+    }
+    return _self_attributes(methods, METHODS) | (_self_attributes(fixed, UPSTREAM_HELPERS) & set_by_init)
+
+
+def release_features(release_dir):
+    """What the release's code can do, read from its source."""
+    methods = _methods(_backend_class(release_dir / BACKEND))
+    extend = methods["forward_extend"]
+    return {
+        "xqa": "is_xqa_impl" in _self_attributes(methods, METHODS),
+        "fused": "_should_use_fused_fp8_path" in methods,
+        "target_verify": any(isinstance(n, ast.Attribute) and n.attr == "is_target_verify" for n in ast.walk(extend)),
+    }
+
+
+# --------------------------------------------------------------------------
+# Files beyond the shared release cache
+
+
+def extra_file(release_dir, member):
+    """``member`` of the release whose files ``release_dir`` holds (named by the release):
+    there if the shared cache kept it, else extracted from the release's wheel into
+    ``EXTRA_CACHE`` (downloaded once)."""
+    own = release_dir / member
+    if own.is_file():
+        return own
+    release = release_dir.name
+    target = EXTRA_CACHE / release / member
+    with exclusive("fp8-extra-" + release):
+        if not target.is_file():
+            _extract_from_wheel(release, member, target)
+    return target
+
+
+def _extract_from_wheel(release, member, target):
+    # The same wheel scan_releases.fetch reads (its platform tags), for one more file.
+    with tempfile.TemporaryDirectory() as download:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--only-binary=:all:"]
+            + ["--python-version", "3.11", "--implementation", "cp", "--abi", "cp311"]
+            + ["--platform", "manylinux_2_34_x86_64", "-d", download, "sglang==" + release],
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
+        (wheel,) = pathlib.Path(download).glob("sglang-*.whl")
+        with zipfile.ZipFile(wheel) as archive:
+            data = archive.read(member)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.with_suffix(".partial")
+    staging.write_bytes(data)
+    staging.replace(target)  # whole or absent, should a run stop half-way
+
+
+def _compile_functions(path, names, namespace):
+    """The named top-level functions of ``path``, compiled from it (with their line numbers)
+    into ``namespace``."""
+    tree = _tree(path)
+    functions = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in names]
+    assert sorted(f.name for f in functions) == sorted(names), (path, names)
+    futures = [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "__future__"]
+    exec(compile(ast.Module(body=futures + functions, type_ignores=[]), str(path), "exec"), namespace)
+    return namespace
+
+
+def release_canonicalize_stride(release_dir):
+    """The release's own ``canonicalize_stride`` (plain PyTorch), from its attention utils."""
+    path = extra_file(release_dir, ATTENTION_UTILS)
+    return _compile_functions(path, ["canonicalize_stride"], {"torch": torch})["canonicalize_stride"]
+
+
+# --------------------------------------------------------------------------
+# The CPU stand-in for scaled_fp8_quant
+
+
+def _installed_fp8_kernel():
+    spec = importlib.util.find_spec("sglang")  # finds the package without importing it
+    assert spec is not None, "SGLang is not installed: run the README's set-up command"
+    return pathlib.Path(list(spec.submodule_search_locations)[0]) / FP8_KERNEL
+
+
+def _top_level_if(tree, test_text, defines=None):
+    for node in tree.body:
+        if isinstance(node, ast.If) and ast.unparse(node.test) == test_text:
+            if defines is None or any(isinstance(n, ast.FunctionDef) and n.name == defines for n in node.body):
+                return node
+    raise LookupError(test_text)
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_scaled_fp8_quant():
+    """CPU stand-in for SGLang's ``scaled_fp8_quant``: the installed fp8_kernel.py's ROCm-build
+    definition (``if _is_hip:``) with aiter and vLLM off, so a dynamic per-tensor call runs
+    ``_native_dynamic_per_tensor_quant_fp8``; FP8 constants as the file sets them off ROCm's
+    fnuz parts (``float8_e4m3fn``, its finfo max)."""
+    path = _installed_fp8_kernel()
+    tree = _tree(path)
+    constants = _top_level_if(tree, "is_fp8_fnuz()").orelse + [
+        n for n in tree.body if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "fp8_min"
+    ]
+    hip_block = _top_level_if(tree, "_is_hip", defines="scaled_fp8_quant").body
+    namespace = {"torch": torch, "Optional": typing.Optional, "_use_aiter": False, "_has_vllm": False}
+    exec(compile(ast.Module(body=constants + hip_block, type_ignores=[]), str(path), "exec"), namespace)
+    assert namespace["fp8_dtype"] is FP8
+    return namespace["scaled_fp8_quant"]
+
+
+# --------------------------------------------------------------------------
+# Recorders and stand-ins for the module's globals
+
+
+class CallLog(list):
+    """(name, arguments) of every recorded call, in order."""
+
+
+class _Kernel:
+    def __init__(self, log, name):
+        self.log, self.__name__ = log, name
+
+    def __call__(self, **kwargs):
+        self.log.append((self.__name__, kwargs))
+        query = kwargs["query"]
+        return torch.zeros(query.shape, dtype=kwargs.get("out_dtype") or query.dtype)
+
+
+def flashinfer_recorder(log):
+    """``flashinfer`` as the backend reaches it: ``flashinfer.<submodule>.<kernel>(**kwargs)``."""
+    return types.SimpleNamespace(
+        decode=types.SimpleNamespace(
+            trtllm_batch_decode_with_kv_cache=_Kernel(log, "decode.trtllm_batch_decode_with_kv_cache")
+        ),
+        prefill=types.SimpleNamespace(
+            trtllm_batch_context_with_kv_cache=_Kernel(log, "prefill.trtllm_batch_context_with_kv_cache")
+        ),
+    )
+
+
+def fused_fp8_recorder(log):
+    """SGLang's ``fused_fp8_set_kv_buffer`` is a Triton kernel (GPU only): its call is recorded."""
+
+    def fused_fp8_set_kv_buffer(**kwargs):
+        log.append(("fused_fp8_set_kv_buffer", kwargs))
+
+    return fused_fp8_set_kv_buffer
+
+
+class _EnvValue:
+    def get(self):
+        return None  # the skip-softmax threshold factors unset, SGLang's default
+
+
+class _Envs:
+    """``sglang.srt.environ.envs`` for the variables these methods read."""
+
+    def __getattr__(self, name):
+        if not name.startswith("SGLANG_SKIP_SOFTMAX_"):
+            raise AttributeError(name)
+        return _EnvValue()
+
+
+class _Logger(logging.LoggerAdapter):
+    """The module's logger. 0.5.14's ``_get_scalar_scale`` calls ``logger.warning_once``, which
+    only transformers (imported by every SGLang server) adds to ``logging.Logger``."""
+
+    def __init__(self):
+        super().__init__(logging.getLogger(MODULE_NAME), {})
+        self.warned = set()
+
+    def warning_once(self, message, *args):
+        if (message, args) not in self.warned:
+            self.warned.add((message, args))
+            self.warning(message, *args)
+
+
+_LOGS = weakref.WeakKeyDictionary()  # module -> its CallLog
+
+
+def _add_globals(module, release_dir):
+    log = CallLog()
+    _LOGS[module] = log
+    module.__dict__.update(
+        flashinfer=flashinfer_recorder(log),
+        fused_fp8_set_kv_buffer=fused_fp8_recorder(log),
+        envs=_Envs(),
+        logger=_Logger(),
+        scaled_fp8_quant=cpu_scaled_fp8_quant(),  # read by the oracle's _maybe_quantize_q only
+    )
+    if "canonicalize_stride" in ast.unparse(_backend_class(release_dir / BACKEND)):
+        module.canonicalize_stride = release_canonicalize_stride(release_dir)
+    return module
+
+
+def load_backend_module(release_dir):
+    """The release's backend module, unpatched (see the module's docstring)."""
+    return _add_globals(isolated_release.load_backend_module(release_dir), release_dir)
+
+
+# --------------------------------------------------------------------------
+# The oracle: PR #28144 applied by AST
+
+
+def _bodies(node):
+    """Every statement list under ``node`` (bodies of ifs, loops, withs, trys)."""
+    for child in ast.walk(node):
+        for field in ("body", "orelse", "finalbody"):
+            statements = getattr(child, field, None)
+            if isinstance(statements, list) and statements and isinstance(statements[0], ast.stmt):
+                yield statements
+        for handler in getattr(child, "handlers", ()):
+            yield handler.body
+
+
+def _assigned_name(statement):
+    if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+        target = statement.targets[0]
+        return target.id if isinstance(target, ast.Name) else None
+    return None
+
+
+def _is_unscaled_fp8_cast(statement):
+    """``if self.data_type == torch.float8_e4m3fn [and ...]: q = q.to(torch.float8_e4m3fn)``."""
+    if not (isinstance(statement, ast.If) and not statement.orelse and len(statement.body) == 1):
+        return False
+    (inner,) = statement.body
+    reads_data_type = any(_is_self_attribute(n, "data_type") for n in ast.walk(statement.test))
+    value = getattr(inner, "value", None)
+    casts_q = (
+        _assigned_name(inner) == "q"
+        and isinstance(value, ast.Call)
+        and isinstance(value.func, ast.Attribute)
+        and value.func.attr == "to"
+        and isinstance(value.func.value, ast.Name)
+        and value.func.value.id == "q"
+    )
+    return reads_data_type and casts_q
+
+
+def _is_q_reshape(statement):
+    """``q = q.contiguous().view(...)`` / ``q = q.reshape(...)``: where 0.5.4.post2 put the cast."""
+    value = getattr(statement, "value", None)
+    return (
+        _assigned_name(statement) == "q"
+        and isinstance(value, ast.Call)
+        and isinstance(value.func, ast.Attribute)
+        and value.func.attr in ("view", "reshape")
+    )
+
+
+SCALE_BLOCK = ("q_scale", "k_scale", "bmm1_scale", "bmm2_scale")
+
+
+def _is_scale_block(statements, i):
+    """The bug's four statements from ``statements[i]``: ``q_scale = 1.0``, ``k_scale = ...``,
+    ``bmm1_scale = ...``, ``bmm2_scale = 1.0``."""
+    block = statements[i : i + len(SCALE_BLOCK)]
+    if tuple(_assigned_name(s) for s in block) != SCALE_BLOCK:
+        return False
+    return all(isinstance(block[j].value, ast.Constant) and block[j].value.value == 1.0 for j in (0, 3))
+
+
+def _upstream_statement(fixed_method, helper):
+    """The one statement of 0.5.14's method that assigns from ``self.<helper>(...)``."""
+    found = [
+        s
+        for body in _bodies(fixed_method)
+        for s in body
+        if isinstance(s, ast.Assign) and isinstance(s.value, ast.Call) and _is_self_attribute(s.value.func, helper)
+    ]
+    assert len(found) == 1, (fixed_method.name, helper, len(found))
+    return found[0]
+
+
+def _placed_at(statement, line):
+    """A copy of 0.5.14's ``statement`` numbered from ``line`` of the release's file, so a
+    traceback points at the statement it replaced."""
+    placed = copy.deepcopy(statement)
+    ast.increment_lineno(placed, line - placed.lineno)
+    return placed
+
+
+def _apply_fix(method, fixed_method):
+    """Edits (a) and (b) of PR #28144 on the release's ``method``, in place."""
+    quantize = _upstream_statement(fixed_method, "_maybe_quantize_q")
+    scales = _upstream_statement(fixed_method, "_get_bmm_scales")
+    casts = [(body, i) for body in _bodies(method) for i, s in enumerate(body) if _is_unscaled_fp8_cast(s)]
+    blocks = [(body, i) for body in _bodies(method) for i in range(len(body)) if _is_scale_block(body, i)]
+    assert len(blocks) == 1, (method.name, "scale blocks", len(blocks))
+    body, i = blocks[0]
+    body[i : i + len(SCALE_BLOCK)] = [_placed_at(scales, body[i].lineno)]
+    if casts:  # (a): the cast becomes 0.5.14's quantization
+        assert len(casts) == 1, (method.name, "casts", len(casts))
+        body, i = casts[0]
+        body[i] = _placed_at(quantize, body[i].lineno)
+    else:  # releases that never cast Q (0.5.1 to 0.5.4.post1): inserted where 0.5.4.post2 casts
+        reshapes = [(body, i) for body in _bodies(method) for i, s in enumerate(body) if _is_q_reshape(s)]
+        assert len(reshapes) == 1, (method.name, "q reshapes", len(reshapes))
+        body, i = reshapes[0]
+        body.insert(i, _placed_at(quantize, body[i].lineno))
+
+
+class _XqaAttributeOptional(ast.NodeTransformer):
+    """``self.is_xqa_impl`` -> ``getattr(self, "is_xqa_impl", False)``. Releases up to 0.5.9
+    never set the attribute (the backend object here has none, as in SGLang) and have no XQA
+    path: their own cast treats every kernel as TRT-LLM-GEN, so "absent" reads as "not XQA"."""
+
+    def visit_Attribute(self, node):
+        if _is_self_attribute(node, "is_xqa_impl") and isinstance(node.ctx, ast.Load):
+            call = ast.Call(
+                func=ast.Name(id="getattr", ctx=ast.Load()),
+                args=[node.value, ast.Constant("is_xqa_impl"), ast.Constant(False)],
+                keywords=[],
+            )
+            return ast.copy_location(call, node)
+        return self.generic_visit(node)
+
+
+def _holder(functions, path):
+    """A module of one class named as SGLang's (so the functions get SGLang's qualnames)
+    holding ``functions``, with the file's ``__future__`` imports."""
+    futures = [n for n in _tree(path).body if isinstance(n, ast.ImportFrom) and n.module == "__future__"]
+    holder = ast.ClassDef(name=CLASS_NAME, bases=[], keywords=[], body=functions, decorator_list=[])
+    if "type_params" in ast.ClassDef._fields:
+        holder.type_params = []
+    ast.copy_location(holder, functions[0])
+    return compile(ast.fix_missing_locations(ast.Module(body=futures + [holder], type_ignores=[])), str(path), "exec")
+
+
+def _install(module, code, names):
+    """Run ``code`` (a holder class) in the module's namespace, so the functions read the
+    module's globals, and move the named functions onto the module's backend class."""
+    cls = module.__dict__[CLASS_NAME]
+    try:
+        exec(code, module.__dict__)
+        holder = module.__dict__[CLASS_NAME]
+    finally:
+        module.__dict__[CLASS_NAME] = cls
+    for name in names:
+        setattr(cls, name, holder.__dict__[name])  # __dict__: the staticmethod object itself
+
+
+def upstream_module(release_dir, fixed_dir):
+    """The release's module with PR #28144 applied: 0.5.14's helpers on the class and 0.5.14's
+    statements in the release's two methods (compiled from the release's file)."""
+    module = load_backend_module(release_dir)
+    fixed_path, path = fixed_dir / BACKEND, release_dir / BACKEND
+    fixed = _methods(_backend_class(fixed_path))
+    helpers = [fixed[name] for name in UPSTREAM_HELPERS]
+    helpers = [_XqaAttributeOptional().visit(h) if h.name == "_maybe_quantize_q" else h for h in helpers]
+    _install(module, _holder(helpers, fixed_path), UPSTREAM_HELPERS)
+    own = _methods(_backend_class(path))
+    for name in METHODS:
+        _apply_fix(own[name], fixed[name])
+    _install(module, _holder([own[name] for name in METHODS], path), METHODS)
+    return module
+
+
+# --------------------------------------------------------------------------
+# Cases
+
+
+class _TensorScale(float):
+    """A scale the layer holds as a torch tensor (a checkpoint's ``k_scale`` parameter)."""
+
+
+# attribute -> value; _TensorScale(x) becomes torch.tensor(x) on the layer.
+SCALES = {
+    "absent": {"k_scale": None, "v_scale": None, "k_scale_float": None, "v_scale_float": None},
+    "one": {"k_scale": 1.0, "v_scale": 1.0, "k_scale_float": 1.0, "v_scale_float": 1.0},
+    "float": {"k_scale": 0.5, "v_scale": 4.0, "k_scale_float": 0.5, "v_scale_float": 4.0},
+    "tensor": {
+        "k_scale": _TensorScale(0.5),
+        "v_scale": _TensorScale(4.0),
+        "k_scale_float": None,
+        "v_scale_float": None,
+    },
+    # As RadixAttention holds an FP8 checkpoint's scales: the parameter and its float.
+    "checkpoint": {
+        "k_scale": _TensorScale(0.5),
+        "v_scale": _TensorScale(4.0),
+        "k_scale_float": 0.5,
+        "v_scale_float": 4.0,
+    },
+    "zero": {"k_scale": 0.0, "v_scale": 0.0, "k_scale_float": 0.0, "v_scale_float": 0.0},
+    "negative": {"k_scale": -0.5, "v_scale": -4.0, "k_scale_float": -0.5, "v_scale_float": -4.0},
+}
+KV_DTYPES = {"fp8": FP8, "bf16": torch.bfloat16}
+MODES = {"decode": "forward_decode", "extend": "forward_extend", "target_verify": "forward_extend"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    kv: str  # key of KV_DTYPES
+    scales: str  # key of SCALES
+    xqa: typing.Optional[bool]  # None: the release has no is_xqa_impl (the object gets none)
+    save_kv_cache: bool
+    mode: str  # key of MODES
+    fused: bool  # the release's own _should_use_fused_fp8_path says yes for these inputs
+    attributes: typing.FrozenSet[str]  # the backend object's attributes (backend_attributes)
+
+    @property
+    def method(self):
+        return MODES[self.mode]
+
+    def scale(self, attribute):
+        """The case's value of a layer scale attribute, as a float or None (tensors unwrapped)."""
+        value = SCALES[self.scales][attribute]
+        return None if value is None else float(value)
+
+    def holds_tensor(self, attribute):
+        return isinstance(SCALES[self.scales][attribute], _TensorScale)
+
+
+def cases(release):
+    """name -> Case for every combination the release's code can take."""
+    release_dir = release_selection.release_dir(release)
+    features = release_features(release_dir)
+    attributes = frozenset(backend_attributes(release_dir, release_selection.release_dir(FIXED_RELEASE)))
+    modes = [m for m in MODES if m != "target_verify" or features["target_verify"]]
+    built = {}
+    for kv in KV_DTYPES:
+        for scales in SCALES:
+            for xqa in (False, True) if features["xqa"] else (None,):
+                for save in (True, False):
+                    for mode in modes:
+                        # The release's fused path takes save_kv_cache, k (always given here) and the KV dtype.
+                        fused = features["fused"] and save and kv == "fp8"
+                        name = "-".join(
+                            [kv, scales, {None: "no-xqa-attr", False: "trtllm-gen", True: "xqa"}[xqa]]
+                            + [("fused-write" if fused else "write") if save else "no-write", mode]
+                        )
+                        built[name] = Case(name, kv, scales, xqa, save, mode, fused, attributes)
+    return built
+
+
+# --------------------------------------------------------------------------
+# One case's objects
+
+Q_HEADS, KV_HEADS, HEAD_DIM, PAGE_SIZE, PAGES = 2, 1, 8, 4, 6  # one KV head: canonicalize_stride runs
+MAX_CONTEXT_LEN = 64
+# Per mode: query tokens per request, and the KV length of each request after this step.
+LENGTHS = {"decode": ((1, 1), (6, 5)), "extend": ((3, 2), (7, 4)), "target_verify": ((3, 3), (8, 7))}
+
+
+class KVPool:
+    """``token_to_kv_pool``: real CPU buffers of the case's KV dtype; writes are recorded."""
+
+    def __init__(self, log, dtype, generator):
+        shape = (PAGES * PAGE_SIZE, KV_HEADS, HEAD_DIM)
+        self.log = log
+        self.k_buffer = torch.randn(shape, generator=generator).to(dtype)
+        self.v_buffer = torch.randn(shape, generator=generator).to(dtype)
+
+    def get_kv_buffer(self, layer_id):
+        assert layer_id == 0
+        return self.k_buffer, self.v_buffer
+
+    def set_kv_buffer(self, *args, **kwargs):
+        self.log.append(("set_kv_buffer", {"args": args, **kwargs}))
+
+
+def _layer(case):
+    values = {
+        attribute: torch.tensor(float(value)) if isinstance(value, _TensorScale) else value
+        for attribute, value in SCALES[case.scales].items()
+    }
+    return types.SimpleNamespace(
+        tp_q_head_num=Q_HEADS,
+        tp_k_head_num=KV_HEADS,
+        tp_v_head_num=KV_HEADS,
+        head_dim=HEAD_DIM,
+        layer_id=0,
+        scaling=HEAD_DIM**-0.5,
+        sliding_window_size=-1,
+        **values,
+    )
+
+
+def _metadata(module, case):
+    q_lens, kv_lens = (torch.tensor(x, dtype=torch.int32) for x in LENGTHS[case.mode])
+    zero = torch.zeros(1, dtype=torch.int32)
+    values = {
+        "cache_seqlens_int32": kv_lens,
+        "max_seq_len_q": int(q_lens.max()),
+        "max_seq_len_k": int(kv_lens.max()),
+        "cu_seqlens_q": torch.cat([zero, q_lens.cumsum(0, dtype=torch.int32)]),
+        "cu_seqlens_k": torch.cat([zero, kv_lens.cumsum(0, dtype=torch.int32)]),
+        "page_table": torch.arange(1, 1 + 2 * 2, dtype=torch.int32).view(2, 2),
+    }
+    metadata = module.TRTLLMMHAMetadata()
+    for field in dataclasses.fields(metadata):  # the release's own fields; the SWA ones stay None
+        if field.name in values:
+            setattr(metadata, field.name, values[field.name])
+    return metadata
+
+
+def _backend(module, case, pool):
+    """``object.__new__`` of the class, given exactly the case's attributes (``backend_attributes``)."""
+    available = {
+        "data_type": KV_DTYPES[case.kv],
+        "q_data_type": torch.bfloat16,
+        "page_size": PAGE_SIZE,
+        "max_context_len": MAX_CONTEXT_LEN,
+        "workspace_buffer": torch.zeros(16, dtype=torch.uint8),
+        "forward_metadata": _metadata(module, case),
+        "token_to_kv_pool": pool,
+        "use_sliding_window_kv_pool": False,
+        "_swa_kv_pool": None,
+    }
+    if case.xqa is not None:
+        available["is_xqa_impl"] = case.xqa
+    missing = case.attributes - set(available)
+    assert not missing, "the release's methods read attributes the harness does not give: %s" % sorted(missing)
+    backend = object.__new__(module.TRTLLMHAAttnBackend)
+    for name in case.attributes:
+        setattr(backend, name, available[name])
+    return backend
+
+
+def _forward_batch(module, case, pool):
+    q_lens, kv_lens = LENGTHS[case.mode]
+    # The new tokens' slots: the last q_len slots of each request's pages (page table rows 1-2, 3-4).
+    slots = [
+        PAGE_SIZE * (1 + 2 * row) + kv - q + i for row, (q, kv) in enumerate(zip(q_lens, kv_lens)) for i in range(q)
+    ]
+    return types.SimpleNamespace(
+        forward_mode=getattr(module.ForwardMode, case.mode.upper()),
+        out_cache_loc=torch.tensor(slots, dtype=torch.int64),
+        out_cache_loc_swa=None,
+        batch_size=len(q_lens),
+        token_to_kv_pool=pool,
+        spec_info=None,
+    )
+
+
+def _seed(case):
+    return sum(ord(c) * (i + 1) for i, c in enumerate(case.name)) % (2**31)
+
+
+def plain(value):
+    """Comparable data: tensors as (dtype, shape, values), containers element-wise."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", str(value.dtype), tuple(value.shape), value.float().tolist())
+    if isinstance(value, (tuple, list)):
+        return tuple(plain(v) for v in value)
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, types.SimpleNamespace):  # the layer, as set_kv_buffer receives it
+        return ("layer", value.layer_id)
+    if isinstance(value, torch.dtype):  # out_dtype
+        return str(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError("no plain form for %r" % (value,))
+
+
+def kernel_calls(module, case):
+    """Run ``case`` through ``module``'s backend class as SGLang calls it; the recorded calls
+    (kernels, KV writes) and the returned tensor, as plain data."""
+    log = _LOGS[module]
+    del log[:]
+    generator = torch.Generator().manual_seed(_seed(case))
+    pool = KVPool(log, KV_DTYPES[case.kv], generator)
+    tokens = sum(LENGTHS[case.mode][0])
+    q = (torch.randn(tokens, Q_HEADS * HEAD_DIM, generator=generator) * 3).to(torch.bfloat16)
+    k, v = (torch.randn(tokens, KV_HEADS, HEAD_DIM, generator=generator).to(torch.bfloat16) for _ in "kv")
+    backend = _backend(module, case, pool)
+    method = getattr(backend, case.method)  # through the class attribute, wrapped or not
+    out = method(
+        q, k, v, _layer(case), _forward_batch(module, case, pool), save_kv_cache=case.save_kv_cache, sinks=None
+    )
+    calls = [(name, plain(arguments)) for name, arguments in log]
+    del log[:]
+    return calls + [("returned", plain(out))]

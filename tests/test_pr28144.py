@@ -1,0 +1,143 @@
+"""The third record, pr28144: FlashInfer's TRT-LLM kernels get the FP8 KV cache's scales.
+
+Verdicts: every release of the shipped table from its own source, and hand-made variants of
+the affected code (each must be refused). The record's own machinery (the two wrappers and the
+``flashinfer`` gate) on a release's own module: applied, removed, composed, never raising.
+Whether the kernel receives upstream's arguments, case by case and release by release, is
+test_pr28144_differential.py's question.
+"""
+
+import ast
+
+import pytest
+from packaging.version import Version
+
+import release_selection
+import scan_releases
+from conftest import REPO
+from sglang_hotfix_trtllm import detect
+from sglang_hotfix_trtllm.record import Verdict
+from sglang_hotfix_trtllm.records import pr28144
+
+HOTFIX = pr28144.HOTFIX
+TABLE = release_selection.table(HOTFIX)
+QUICK = ("0.5.4.post1", "0.5.5.post3", "0.5.6", "0.5.8", "0.5.9", "0.5.10", "0.5.12", "0.5.13", "0.5.14", "0.5.23")
+BACKEND = "sglang/srt/layers/attention/trtllm_mha_backend.py"
+
+
+def expected_verdict(release):
+    """From the sources and the FlashInfer each release pins (see the record's docstring)."""
+    if Version(release) < Version("0.5.6"):
+        return Verdict.UNKNOWN  # the bug, on a FlashInfer that cannot take upstream's tensor bmm1_scale
+    return Verdict.AFFECTED if Version(release) < Version("0.5.14") else Verdict.FIXED
+
+
+RELEASES = release_selection.selected(TABLE, QUICK)
+
+
+def source_of(release):
+    return (release_selection.release_dir(release) / BACKEND).read_text(encoding="utf-8")
+
+
+def classify(text):
+    return detect.assess_source(HOTFIX, "trtllm_mha_backend.py", text=text)
+
+
+def test_shipped_table_gives_every_release_its_verdict():
+    assert HOTFIX.known_fingerprints.problem is None
+    up_to_0_5_23 = [r for r in TABLE if Version(r) <= Version("0.5.23")]
+    assert len(up_to_0_5_23) == 42
+    assert {r: TABLE[r]["verdict"] for r in TABLE if TABLE[r]["verdict"] != expected_verdict(r).value} == {}
+
+
+def test_readme_table_is_what_the_scanner_writes():
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    begin, end = "<!-- releases:pr28144:begin -->", "<!-- releases:pr28144:end -->"
+    shown = text[text.index(begin) + len(begin) : text.index(end)].strip()
+    assert shown == scan_releases.readme_table(list(HOTFIX.known_fingerprints.rows))
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_release_gets_its_verdict_from_its_own_source(release):
+    assessment = detect.assess_source(HOTFIX, str(release_selection.release_dir(release) / BACKEND))
+    assert assessment.verdict is expected_verdict(release), assessment.reason
+    assert assessment.fingerprint == TABLE[release]["fingerprint"]
+    if assessment.verdict is Verdict.UNKNOWN:
+        assert "cannot take the tensor bmm1_scale" in assessment.reason
+
+
+def _edit(text, edit):
+    tree = ast.parse(text)
+    edit(tree)
+    return ast.unparse(ast.fix_missing_locations(tree))
+
+
+def _method(tree, name):
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == pr28144.CLASS_NAME)
+    return next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+def _append_to(method_name, statement):
+    def edit(tree):
+        _method(tree, method_name).body.append(ast.parse(statement).body[0])
+
+    return edit
+
+
+def _helper_calling_a_kernel(tree):
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == pr28144.CLASS_NAME)
+    cls.body.append(
+        ast.parse("def _other(self, **kw):\n    return flashinfer.decode.%s(**kw)" % pr28144.KERNELS["decode"]).body[0]
+    )
+
+
+def _rebinding_flashinfer(tree):
+    tree.body.append(ast.parse("flashinfer = None").body[0])
+
+
+def _aliased_import(tree):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "flashinfer":
+                    alias.asname = "fi"
+    tree.body.append(ast.parse("flashinfer = fi").body[0])
+
+
+def _a_second_flashinfer_import(tree):
+    tree.body.append(ast.parse("import flashinfer").body[0])
+
+
+def _upstream_helper_changed(tree):
+    """0.5.14's code with its _get_bmm_scales edited: fixed no more, unknown."""
+    method = _method(tree, pr28144.BMM_SCALES)
+    method.body.insert(0, ast.parse("layer = layer").body[0])
+
+
+VARIANTS_OF_AFFECTED = {
+    "forward_decode_changed": _append_to("forward_decode", "q = q"),
+    "forward_extend_changed": _append_to("forward_extend", "bmm2_scale = 2.0"),
+    "a_helper_names_a_kernel": _helper_calling_a_kernel,
+    "flashinfer_rebound": _rebinding_flashinfer,
+    "flashinfer_imported_under_another_name": _aliased_import,
+    "flashinfer_imported_twice": _a_second_flashinfer_import,
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS_OF_AFFECTED))
+def test_hand_made_variants_of_affected_code_are_unknown(variant):
+    text = source_of("0.5.12")
+    assert classify(text).verdict is Verdict.AFFECTED
+    assessment = classify(_edit(text, VARIANTS_OF_AFFECTED[variant]))
+    assert assessment.verdict is Verdict.UNKNOWN, assessment.reason
+
+
+def test_fixed_code_whose_helper_differs_from_0_5_14s_is_unknown():
+    text = source_of("0.5.14")
+    assert classify(text).verdict is Verdict.FIXED
+    assert classify(_edit(text, _upstream_helper_changed)).verdict is Verdict.UNKNOWN
+
+
+def test_the_record_wraps_both_methods_and_names_both_in_its_line():
+    assert HOTFIX.method_names == ("forward_decode", "forward_extend")
+    assert HOTFIX.targets_text.endswith("TRTLLMHAAttnBackend.forward_decode and forward_extend")
