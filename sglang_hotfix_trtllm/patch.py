@@ -336,8 +336,20 @@ def is_patched(hotfix, cls):
             ours = _ours_in_chain(cls.__dict__.get(name), hotfix, name)
             if ours is None or not ours._self_enabled.enabled:
                 return False
-        module = sys.modules.get(cls.__module__)
-        return all(
-            module is not None and (name not in vars(module) or _gate_in_force(hotfix, module, name))
-            for name, _ in hotfix.gates
-        )
+        if not hotfix.gates:
+            return True
+        module = _module_of(hotfix, cls)
+        if module is None:  # no gate was ever put: the module had none of the globals it gates
+            return True
+        return all(name not in vars(module) or _gate_in_force(hotfix, module, name) for name, _ in hotfix.gates)
+
+
+def _module_of(hotfix, cls):
+    """The module whose class ``cls`` is: the one a gate of this record went into, else the
+    one registered under the class's module name (when it holds this class)."""
+    candidates = [e.module_ref() for e in _applied if isinstance(e, Gate) and e.hotfix is hotfix]
+    candidates.append(sys.modules.get(cls.__module__))
+    for module in candidates:
+        if module is not None and vars(module).get(hotfix.class_name) is cls:
+            return module
+    return None

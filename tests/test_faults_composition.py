@@ -1,9 +1,10 @@
 """The fault matrix, round 2: the hotfix composes with other patchers and odd
 callers, and never raises where SGLang's method would not.
 
-Both records, on SGLang 0.5.12's own code (its class compiled from the
+Every record, on SGLang 0.5.12's own code (its class compiled from the
 release's file, in this process: ``isolated_release`` for pr26521,
-``swa_cases`` with SGLang's real pools for pr25103), under every kind of
+``swa_cases`` with SGLang's real pools for pr25103, ``fp8_cases`` with
+FlashInfer's kernels recorded for pr28144), under every kind of
 patcher an SGLang host meets on the same method: SGLang's real
 ``HookRegistry`` (each ``HookType`` the installed release has), a wrapt
 ``FunctionWrapper``, a ``functools.wraps`` decorator and a plain reassignment;
@@ -23,11 +24,12 @@ import torch
 import wrapt
 
 import capture_harness
+import fp8_cases
 import isolated_release
 import release_selection
 import swa_cases
 from sglang_hotfix_trtllm import engine, logs, patch
-from sglang_hotfix_trtllm.records import pr25103, pr26521
+from sglang_hotfix_trtllm.records import pr25103, pr26521, pr28144
 from upstream_fix import upstream_fixed_method
 
 RELEASE = "0.5.12"
@@ -155,7 +157,46 @@ class SlidingWindowPool:
         return results.pop()
 
 
-RECORDS = {"pr26521": Capture, "pr25103": SlidingWindowPool}
+class FlashInferScales:
+    """pr28144 on 0.5.12's ``forward_decode`` (the method the patchers here sit on): what
+    FlashInfer's kernel receives, recorded, against the same method with PR #28144 applied
+    (``fp8_cases.upstream_module``), on decode cases where the two differ (FP8 and BF16 caches,
+    scales that bite, XQA and TRT-LLM-GEN). ``forward_extend``, wrapped with it, is not under
+    the other patcher: its repair does not depend on what happens to ``forward_decode``."""
+
+    hotfix = pr28144.HOTFIX
+
+    def __init__(self):
+        release_dir = release_selection.release_dir(RELEASE)
+        self.module = fp8_cases.load_backend_module(release_dir)
+        self.cls = self.module.TRTLLMHAAttnBackend
+        self.original = self.cls.__dict__[self.hotfix.method_name]
+        self.cases = [
+            case
+            for case in fp8_cases.cases(RELEASE).values()
+            if case.mode == "decode" and case.scales == "float" and not case.save_kv_cache
+        ]
+        # SGLang's scaled_fp8_quant needs CUDA: the record's quantizer is the oracle's CPU stand-in.
+        self.saved_quantizer = pr28144._quantizer
+        pr28144._quantizer = fp8_cases.cpu_scaled_fp8_quant
+        oracle = fp8_cases.upstream_module(release_dir, release_selection.release_dir(fp8_cases.FIXED_RELEASE))
+        self.expected = {
+            "as-alone": [fp8_cases.kernel_calls(oracle, case) for case in self.cases],
+            "unpatched": [fp8_cases.kernel_calls(self.module, case) for case in self.cases],
+        }
+        assert self.expected["as-alone"] != self.expected["unpatched"]
+
+    def outcome(self):
+        now = [fp8_cases.kernel_calls(self.module, case) for case in self.cases]
+        found = [name for name, calls in self.expected.items() if calls == now]
+        return found[0] if found else "other"
+
+    def close(self):
+        pr28144._quantizer = self.saved_quantizer
+        setattr(self.cls, "forward_extend", self.cls.__dict__["forward_extend"])
+
+
+RECORDS = {"pr26521": Capture, "pr25103": SlidingWindowPool, "pr28144": FlashInferScales}
 
 
 @pytest.fixture(params=list(RECORDS))
@@ -164,6 +205,7 @@ def record(request):
     yield target
     patch.remove_all()
     setattr(target.cls, target.hotfix.method_name, target.original)
+    getattr(target, "close", lambda: None)()
 
 
 # --------------------------------------------------------------------------
@@ -403,3 +445,71 @@ def test_pr26521_with_lengths_it_cannot_add_to_leaves_sglangs_capture_alone(line
     assert capture_harness.differences(capture_harness.snapshot(backend), capture_harness.snapshot(alone)) == []
     (warning,) = _warnings(lines)
     assert "not repairing a call of" in warning and "TypeError" in warning
+
+
+# --------------------------------------------------------------------------
+# pr28144's gate: the module's `flashinfer` while the record is applied
+
+
+@pytest.fixture
+def scales():
+    target = FlashInferScales()
+    yield target
+    patch.remove_all()
+    target.close()
+
+
+def test_pr28144_remove_puts_the_modules_own_flashinfer_back_and_apply_twice_gates_once(scales, lines):
+    own = scales.module.flashinfer
+    assert engine.handle(scales.hotfix, scales.module) == "patched"
+    gate = scales.module.flashinfer
+    assert type(gate).__name__ == "FlashInferGate" and gate.__dict__["_hotfix_gated"] is own
+    assert engine.handle(scales.hotfix, scales.module) == "already" and scales.module.flashinfer is gate
+    assert scales.outcome() == "as-alone"
+    patch.remove_all()
+    assert scales.module.flashinfer is own and scales.outcome() == "unpatched"
+    assert engine.handle(scales.hotfix, scales.module) == "patched"  # again, around the module's own
+    assert scales.module.flashinfer.__dict__["_hotfix_gated"] is own and scales.outcome() == "as-alone"
+    assert _warnings(lines) == []
+
+
+def test_pr28144_a_flashinfer_replaced_after_apply_runs_unrepaired_and_says_so_once(scales, lines):
+    assert engine.handle(scales.hotfix, scales.module) == "patched"
+    scales.module.flashinfer = scales.module.flashinfer.__dict__["_hotfix_gated"]  # someone else's assignment
+    assert scales.outcome() == "unpatched"  # and nothing raised
+    (warning,) = _warnings(lines)
+    assert "did not pass the gate" in warning and "pr28144" in warning
+    patch.remove_all()
+    assert any("not restoring" in message and "flashinfer" in message for message in _warnings(lines))
+
+
+def test_pr28144_leaves_sglangs_call_when_the_quantizer_cannot_be_imported(scales, lines):
+    def missing():
+        raise ImportError("simulated: no fp8_kernel")
+
+    pr28144._quantizer = missing  # scales.close() puts the real one back
+    assert engine.handle(scales.hotfix, scales.module) == "patched"
+    quantizing = [i for i, case in enumerate(scales.cases) if case.kv == "fp8" and not case.xqa]
+    now = [fp8_cases.kernel_calls(scales.module, case) for case in scales.cases]
+    assert quantizing and all(now[i] == scales.expected["unpatched"][i] for i in quantizing)
+    (warning,) = _warnings(lines)
+    assert "not repairing a call of" in warning and "ImportError" in warning
+
+
+def test_pr28144_a_kernel_that_refuses_upstreams_arguments_gets_sglangs_own_call(scales, lines):
+    """An older FlashInfer than the release pins (a float-only bmm1_scale): the hotfix never raises
+    where SGLang would not; SGLang's own call decides."""
+    kernel = scales.module.flashinfer.decode.trtllm_batch_decode_with_kv_cache
+
+    def float_only(**kwargs):
+        if isinstance(kwargs["bmm1_scale"], torch.Tensor):
+            raise TypeError("bmm1_scale: expected a float (simulated older FlashInfer)")
+        return kernel(**kwargs)
+
+    scales.module.flashinfer.decode.trtllm_batch_decode_with_kv_cache = float_only
+    assert engine.handle(scales.hotfix, scales.module) == "patched"
+    quantizing = [i for i, case in enumerate(scales.cases) if case.kv == "fp8" and not case.xqa]
+    now = [fp8_cases.kernel_calls(scales.module, case) for case in scales.cases]
+    assert quantizing and all(now[i] == scales.expected["unpatched"][i] for i in quantizing)
+    (warning,) = _warnings(lines)
+    assert "not repairing a call of" in warning and "simulated older FlashInfer" in warning
