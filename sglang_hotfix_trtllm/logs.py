@@ -73,10 +73,12 @@ def say(level, message, *args, once_key=None):
         pass
 
 
-def repair_skipped(target, record, error):
+def repair_skipped(target, record, error, kind=None):
     """A record's wrapper could not compute its repair for one call (a model
     runner without an attribute the repair reads, say): SGLang's own result is
-    left as it is. One WARNING per process and record; never raises."""
+    left as it is. One WARNING per process, record and ``kind`` (a record whose
+    repair can be skipped for different reasons names them, so that an expected
+    one does not hide the others); never raises."""
     say(
         logging.WARNING,
         "not repairing a call of %s (record %s): %s: %s; SGLang's own result is left as it set it "
@@ -85,5 +87,5 @@ def repair_skipped(target, record, error):
         record,
         type(error).__name__,
         error,
-        once_key=("repair-skipped", record),
+        once_key=("repair-skipped", record, kind),
     )

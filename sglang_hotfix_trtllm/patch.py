@@ -178,11 +178,31 @@ def _check_wrappable(hotfix, method_name, current, assessment):
 
 class GateProxy:
     """Base class of the objects ``Hotfix.gates`` put in a module's globals: a gate is
-    recognised as one, and a new gate is put around what the old one gated, never
-    around a gate."""
+    recognised as one (by its type: a proxy of someone else's around it is not one), a new
+    gate is put around what the old one gated, never around a gate, and ``remove()`` turns
+    it off (``_hotfix_on``) wherever it still sits."""
 
     def __init__(self, gated):
         self.__dict__["_hotfix_gated"] = gated
+        self.__dict__["_hotfix_on"] = True
+
+
+def _is_gate(value):
+    return issubclass(type(value), GateProxy)
+
+
+def _holds(value, gate):
+    """Whether ``value`` is ``gate`` or wraps it (a proxy's ``__wrapped__`` chain)."""
+    for _ in range(16):
+        if value is gate:
+            return True
+        try:
+            value = getattr(value, "__wrapped__", None)
+        except Exception:
+            return False
+        if value is None:
+            return False
+    return False
 
 
 def wrap(hotfix, module, assessment):
@@ -198,19 +218,17 @@ def wrap(hotfix, module, assessment):
         cls = getattr(module, hotfix.class_name)
         found = [(name, cls.__dict__[name]) for name in hotfix.method_names]
         ours = [_ours_in_chain(current, hotfix, name) for name, current in found]
-        if all(wrapper is not None for wrapper in ours):
-            resumed = _resume(ours)
-            return "wrapped" if _install_gates(hotfix, module) or resumed else "already"
+        # All or none: each method holds ours already (on, or turned off in place by remove()) or is
+        # SGLang's own function; anything else on one of them and the record stands aside for all.
         for (name, current), wrapper in zip(found, ours):
             problem = None if wrapper is not None else _check_wrappable(hotfix, name, current, assessment)
             if problem:
                 raise NotWrappable(problem)
-        if any(wrapper is not None for wrapper in ours):
-            raise NotWrappable(
-                "%s: only some of the record's methods hold the hotfix's wrapper (another patcher "
-                "replaced the others?)" % hotfix.target
-            )
-        for name, current in found:
+        resumed = _resume([wrapper for wrapper in ours if wrapper is not None])
+        fresh = False
+        for (name, current), wrapper in zip(found, ours):
+            if wrapper is not None:
+                continue
             entry = Applied(cls, hotfix, name, current)
             wrapper = HotfixWrapper(current, functools.partial(hotfix.wrapper, module), enabled=entry)
             wrapper._self_hotfix_name = hotfix.name
@@ -218,8 +236,9 @@ def wrap(hotfix, module, assessment):
             entry.wrapper = wrapper
             setattr(cls, name, wrapper)
             _applied.append(entry)
-        _install_gates(hotfix, module)
-        return "wrapped"
+            fresh = True
+        gated = _install_gates(hotfix, module)
+        return "wrapped" if fresh or resumed or gated else "already"
 
 
 def _resume(ours):
@@ -237,12 +256,15 @@ def _resume(ours):
 
 
 def _gate_in_force(hotfix, module, name):
+    """Our gate for ``name`` is recorded and reached through the module's global (itself, or
+    under someone's proxy that forwards to it)."""
+    value = vars(module).get(name)
     return any(
         isinstance(e, Gate)
         and e.hotfix is hotfix
         and e.name == name
         and e.module_ref() is module
-        and vars(module).get(name) is e.gate
+        and _holds(value, e.gate)
         for e in _applied
     )
 
@@ -257,7 +279,7 @@ def _install_gates(hotfix, module):
         if name not in vars(module) or _gate_in_force(hotfix, module, name):
             continue
         original = vars(module)[name]
-        if isinstance(original, GateProxy):  # one of ours, put back by someone after remove()
+        if _is_gate(original):  # one of ours, put back by someone after remove()
             original = original.__dict__["_hotfix_gated"]
         gate = make_gate(module, original)
         setattr(module, name, gate)
@@ -315,6 +337,7 @@ def remove_all():
 def _remove_gate(entry):
     """Put the module's global back, when it still holds our gate. A gate left in
     place is harmless: with its record's wrappers off it only passes calls through."""
+    entry.gate.__dict__["_hotfix_on"] = False  # wherever it still sits, it only passes calls through
     module = entry.module_ref()
     if module is not None and vars(module).get(entry.name) is entry.gate:
         setattr(module, entry.name, entry.original)

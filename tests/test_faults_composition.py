@@ -303,7 +303,12 @@ def test_another_patcher_above_the_hotfix_keeps_it_exact_or_reports_it_gone(reco
     else:  # their own method replaces SGLang's, and the hotfix with it: status says so
         assert not patch.is_patched(record.hotfix, record.cls)
         assert record.outcome() == "unpatched"
-    assert _warnings(lines) == []
+    if record.hotfix.gates and patcher not in CALL_THROUGH:
+        # pr28144's gate sees the kernel called by a method its wrapper no longer covers, and says so once.
+        (warning,) = _warnings(lines)
+        assert "outside the record's wrappers" in warning
+    else:
+        assert _warnings(lines) == []
     # remove(): ours on top is put back; ours under theirs is turned off in place.
     patch.remove_all()
     assert not patch.is_patched(record.hotfix, record.cls)
@@ -513,3 +518,61 @@ def test_pr28144_a_kernel_that_refuses_upstreams_arguments_gets_sglangs_own_call
     assert quantizing and all(now[i] == scales.expected["unpatched"][i] for i in quantizing)
     (warning,) = _warnings(lines)
     assert "not repairing a call of" in warning and "simulated older FlashInfer" in warning
+
+
+def test_pr28144_after_remove_under_a_patcher_on_one_method_apply_brings_the_repair_back(scales, registry, lines):
+    """remove() put forward_extend back and turned forward_decode's wrapper off under the other
+    patcher's: apply() resumes the one and wraps the other again (all or none: all)."""
+    assert engine.handle(scales.hotfix, scales.module) == "patched"
+    _hook_registry("AROUND")(scales, registry)
+    patch.remove_all()
+    assert scales.outcome() == "unpatched"
+    assert engine.handle(scales.hotfix, scales.module) == "patched"
+    assert patch.is_patched(scales.hotfix, scales.cls) and scales.outcome() == "as-alone"
+
+
+def test_pr28144_the_gate_looks_the_kernel_up_at_each_call_as_sglang_does(scales, lines):
+    """A kernel replaced while the record is applied (a profiler, a mock) is the one called."""
+    assert engine.handle(scales.hotfix, scales.module) == "patched"
+    scales.outcome()  # the gate has been used once
+    decode = scales.module.flashinfer.decode.__dict__["_hotfix_gated"]
+    kernel, seen = decode.trtllm_batch_decode_with_kv_cache, []
+
+    def profiled(**kwargs):
+        seen.append(1)
+        return kernel(**kwargs)
+
+    decode.trtllm_batch_decode_with_kv_cache = profiled
+    try:
+        assert scales.outcome() == "as-alone" and len(seen) == len(scales.cases)
+    finally:
+        decode.trtllm_batch_decode_with_kv_cache = kernel
+
+
+def test_pr28144_a_proxy_of_someone_elses_around_the_gate_is_kept_and_the_repair_reported(scales, lines):
+    assert engine.handle(scales.hotfix, scales.module) == "patched"
+    tracer = wrapt.ObjectProxy(scales.module.flashinfer)  # a tracer wraps the module's flashinfer
+    scales.module.flashinfer = tracer
+    assert patch.is_patched(scales.hotfix, scales.cls) and scales.outcome() == "as-alone"
+    assert engine.handle(scales.hotfix, scales.module) == "already" and scales.module.flashinfer is tracer
+    patch.remove_all()
+    assert scales.module.flashinfer is tracer and scales.outcome() == "unpatched"  # the gate, off, passes through
+    assert not [message for message in _warnings(lines) if "outside the record's wrappers" in message]
+
+
+def test_pr28144_each_kind_of_skipped_repair_is_said_once(scales, lines):
+    """An expected refusal (XQA target verify's mask, say) must not hide a later bypass."""
+    kernel = scales.module.flashinfer.decode.trtllm_batch_decode_with_kv_cache
+
+    def refusing(**kwargs):
+        if isinstance(kwargs["bmm1_scale"], torch.Tensor) or kwargs["bmm2_scale"] != 1.0:
+            raise AssertionError("simulated: Mask is required for speculative decoding")
+        return kernel(**kwargs)
+
+    scales.module.flashinfer.decode.trtllm_batch_decode_with_kv_cache = refusing
+    assert engine.handle(scales.hotfix, scales.module) == "patched"
+    scales.outcome()
+    scales.cls.forward_decode = scales.original  # another patcher's own method, after the hotfix
+    scales.outcome()
+    kinds = [m for m in _warnings(lines) if "simulated" in m or "outside the record's wrappers" in m]
+    assert len(kinds) == 2, _warnings(lines)

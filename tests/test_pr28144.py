@@ -114,7 +114,31 @@ def _upstream_helper_changed(tree):
     method.body.insert(0, ast.parse("layer = layer").body[0])
 
 
+def _helper_reaching_the_kernel_by_a_computed_name(tree):
+    """A helper forward_decode calls reaches the kernel through getattr: the gate would repair
+    that call, not SGLang's (the reviewer's case)."""
+    method = _method(tree, "_get_layer_page_table")
+    probe = "getattr(flashinfer.decode, 'trtllm_batch_%s_with_kv_cache' % 'decode')"
+    method.body.insert(0, ast.parse("_ = " + probe).body[0])
+
+
+def _earlier_definition_kept_callable(tree):
+    """An earlier `def forward_decode` Python replaces, kept callable under another name."""
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == pr28144.CLASS_NAME)
+    live = _method(tree, "forward_decode")
+    index = cls.body.index(live)
+    cls.body.insert(index, ast.parse("_kept = forward_decode").body[0])
+    cls.body.insert(index, ast.parse(ast.unparse(live)).body[0])
+
+
+def _helper_changed(tree):
+    _method(tree, "_should_use_fused_fp8_path").body.insert(0, ast.parse("k = k").body[0])
+
+
 VARIANTS_OF_AFFECTED = {
+    "a_helper_reaching_the_kernel_by_a_computed_name": _helper_reaching_the_kernel_by_a_computed_name,
+    "an_earlier_definition_kept_callable": _earlier_definition_kept_callable,
+    "a_helper_the_methods_call_changed": _helper_changed,
     "forward_decode_changed": _append_to("forward_decode", "q = q"),
     "forward_extend_changed": _append_to("forward_extend", "bmm2_scale = 2.0"),
     "a_helper_names_a_kernel": _helper_calling_a_kernel,

@@ -191,27 +191,41 @@ def note_the_call(module, wrapped, instance, args, kwargs):
         # Every release this record accepts calls one kernel per call, through the module's
         # ``flashinfer``: a call that returned without passing the gate reached the kernel some
         # other way (the global replaced after the hotfix was applied), unrepaired.
-        logs.repair_skipped(_target(call.method), HOTFIX.name, LookupError("the kernel call did not pass the gate"))
+        logs.repair_skipped(
+            _target(call.method), HOTFIX.name, LookupError("the kernel call did not pass the gate"), kind="no-gate"
+        )
     return result
 
 
 class _GatedKernel:
     """A FlashInfer kernel as the gated module reaches it."""
 
-    __slots__ = ("kernel", "__weakref__")
+    __slots__ = ("kernel", "gate", "__weakref__")
 
-    def __init__(self, kernel):
-        self.kernel = kernel
+    def __init__(self, kernel, gate):
+        self.kernel, self.gate = kernel, gate
 
     def __call__(self, *args, **kwargs):
+        if not self.gate.__dict__["_hotfix_on"]:  # remove() turned the record off
+            return self.kernel(*args, **kwargs)
         call = _current_call.get()
-        if call is None or call.used or args:
+        if call is None:
+            # The only code of an accepted module that reaches the kernels is the two wrapped
+            # methods: one run without its wrapper (replaced since by another patcher) is unrepaired.
+            logs.repair_skipped(
+                "%s.%s" % (HOTFIX.module, CLASS_NAME),
+                HOTFIX.name,
+                LookupError("a kernel call reached the gate outside the record's wrappers"),
+                kind="outside-the-wrappers",
+            )
+            return self.kernel(*args, **kwargs)
+        if call.used or args:
             return self.kernel(*args, **kwargs)
         call.used = True
         try:
             repaired = upstream_arguments(call, kwargs)
         except Exception as error:
-            logs.repair_skipped(_target(call.method), HOTFIX.name, error)
+            logs.repair_skipped(_target(call.method), HOTFIX.name, error, kind="not-computed")
             return self.kernel(**kwargs)
         try:
             return self.kernel(**repaired)
@@ -219,7 +233,7 @@ class _GatedKernel:
             # The kernel refused upstream's arguments (an older FlashInfer than the release pins, or
             # XQA asking target verify for a mask SGLang does not pass): SGLang's own call decides,
             # so the hotfix never raises where SGLang would not.
-            logs.repair_skipped(_target(call.method), HOTFIX.name, error)
+            logs.repair_skipped(_target(call.method), HOTFIX.name, error, kind="kernel-refused")
             return self.kernel(**kwargs)
 
     def __getattr__(self, name):
@@ -230,27 +244,28 @@ def _gate_class():
     from .. import patch  # imported only when wrapping, as patch itself
 
     class FlashInferSubmoduleGate(patch.GateProxy):
-        """``flashinfer.decode`` / ``flashinfer.prefill`` as the gated module reaches them:
-        the submodule, with its kernel gated."""
+        """``flashinfer.decode`` / ``flashinfer.prefill`` as the gated module reaches them: the
+        submodule, its kernel looked up at each access as SGLang's own code looks it up (so a
+        kernel replaced later, by a profiler or a mock, is the one called), and gated."""
 
-        def __init__(self, submodule, kernel_name):
+        def __init__(self, submodule, kernel_name, gate):
             super().__init__(submodule)
-            self.__dict__[kernel_name] = _GatedKernel(getattr(submodule, kernel_name))
+            self.__dict__["_kernel_name"] = kernel_name
+            self.__dict__["_gate"] = gate
 
-        def __getattr__(self, name):  # everything but the kernel (found in __dict__)
-            return getattr(self._hotfix_gated, name)
+        def __getattr__(self, name):
+            found = getattr(self._hotfix_gated, name)
+            return _GatedKernel(found, self._gate) if name == self._kernel_name else found
 
     class FlashInferGate(patch.GateProxy):
-        """The module's global ``flashinfer`` while pr28144 is applied: FlashInfer itself,
-        but for the kernels' submodules."""
+        """The module's global ``flashinfer`` while pr28144 is applied: FlashInfer itself, looked
+        up at each access, but for the kernels' submodules."""
 
-        def __getattr__(self, name):  # called once per submodule name: the gate is kept in __dict__
+        def __getattr__(self, name):
             submodule = getattr(self._hotfix_gated, name)
             if name not in KERNELS:
                 return submodule
-            gate = FlashInferSubmoduleGate(submodule, KERNELS[name])
-            self.__dict__[name] = gate
-            return gate
+            return FlashInferSubmoduleGate(submodule, KERNELS[name], self)
 
         def __repr__(self):
             return "<pr28144 gate of %r>" % (self._hotfix_gated,)
@@ -279,6 +294,15 @@ AFFECTED = {
 UNREPAIRABLE = {
     ("ast1:f983dd819b9de1a0", "ast1:7d36278b2fb2e186"): ("0.5.1 to 0.5.4.post1", "0.2.11.post3 to 0.4.1"),
     ("ast1:f05b9eff1d1c2b21", "ast1:9e5cb0ada11f2286"): ("0.5.4.post2 to 0.5.5.post3", "0.4.1 to 0.5.2"),
+}
+# The methods of the class the two call before the kernel, by the fingerprints of the affected
+# releases: a helper is run during a noted call, so it must not reach the kernel first.
+HELPERS = {
+    "_should_use_fused_fp8_path": frozenset(("ast1:967d4c50b64228ea",)),
+    "_fused_fp8_set_kv_buffer": frozenset(
+        ("ast1:87f5ec275018621e", "ast1:b14b8f5f2151432b", "ast1:1b341078429b8f0b", "ast1:bb51a4e04957ea7b")
+    ),
+    "_get_layer_page_table": frozenset(("ast1:493eaef90bae8bfe",)),
 }
 # 0.5.14's _get_bmm_scales (identical in 0.5.14 to 0.5.23), and its call.
 BMM_SCALES = "_get_bmm_scales"
@@ -312,24 +336,51 @@ def _flashinfer_problem(tree):
     return None
 
 
-def _kernels_named_elsewhere(tree, cls, methods):
-    """The first line outside the two live methods that names a kernel (the gate must see
-    only the kernel calls those methods prepare). Definitions Python replaces (an earlier
-    ``class`` of the same name, an earlier ``def`` of the two methods) never run as such."""
-    skipped = {id(node) for method in methods for node in ast.walk(method)}
-    dead = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == CLASS_NAME and n is not cls]
-    dead += [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name in METHODS and n not in methods]
-    skipped |= {id(node) for definition in dead for node in ast.walk(definition)}
+def _kernel_route_problem(tree, methods):
+    """None when nothing but the two live methods reaches ``flashinfer`` or names a kernel
+    (the gate must see only the kernel calls those methods prepare). Earlier definitions of the
+    class or of the methods count too: an alias can keep them callable."""
+    inside = {id(node) for method in methods for node in ast.walk(method)}
     for node in ast.walk(tree):
-        if id(node) in skipped:
+        if id(node) in inside:
             continue
         named = (
-            (isinstance(node, ast.Attribute) and node.attr in KERNELS.values())
-            or (isinstance(node, ast.Name) and node.id in KERNELS.values())
-            or (isinstance(node, ast.Constant) and node.value in KERNELS.values())
+            (isinstance(node, ast.Name) and node.id in (GATED_GLOBAL,) + tuple(KERNELS.values()))
+            or (isinstance(node, ast.Attribute) and node.attr in KERNELS.values())
+            or (isinstance(node, ast.Constant) and node.value in (GATED_GLOBAL,) + tuple(KERNELS.values()))
         )
-        if named:
-            return node.lineno
+        if named and not isinstance(getattr(node, "ctx", None), ast.Store):
+            return "code outside forward_decode / forward_extend reaches %s or a TRT-LLM kernel (line %d)" % (
+                GATED_GLOBAL,
+                node.lineno,
+            )
+    return None
+
+
+def _helpers_problem(cls, methods, live):
+    """None when every method of the class the two call is, by name, a known release's code."""
+    called = sorted(
+        {
+            node.attr
+            for method in methods
+            for node in ast.walk(method)
+            if isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "self"
+            and any(isinstance(n, ast.FunctionDef) and n.name == node.attr for n in cls.body)
+        }
+        - set(METHODS)
+    )
+    for name in called:
+        function, problem = live.get(name, (None, "%s.%s is not examined" % (CLASS_NAME, name)))
+        if problem or function is None:
+            return problem or "%s.%s not found" % (CLASS_NAME, name)
+        if name not in HELPERS or of_node(function) not in HELPERS[name]:
+            return "%s.%s, which the two methods call, is not the code of a known release (fingerprint %s)" % (
+                CLASS_NAME,
+                name,
+                of_node(function),
+            )
     return None
 
 
@@ -338,7 +389,7 @@ def classify(tree):
     cls, class_problem = detect.live_class(tree, CLASS_NAME)
     if cls is None:
         return Classification(Verdict.UNKNOWN, class_problem, of_node(tree))
-    live = detect.live_methods(tree, cls, METHODS + (BMM_SCALES,))
+    live = detect.live_methods(tree, cls, METHODS + (BMM_SCALES,) + tuple(HELPERS))
     for name in METHODS:
         function, problem = live[name]
         if function is None:
@@ -378,14 +429,9 @@ def classify(tree):
             "forward_decode / forward_extend are not the code of a release this hotfix knows "
             "(fingerprints %s / %s)" % pair,
         )
-    problem = _flashinfer_problem(tree)
+    problem = _flashinfer_problem(tree) or _kernel_route_problem(tree, methods) or _helpers_problem(cls, methods, live)
     if problem:
         return verdict(Verdict.UNKNOWN, problem)
-    line = _kernels_named_elsewhere(tree, cls, methods)
-    if line is not None:
-        return verdict(
-            Verdict.UNKNOWN, "code outside forward_decode / forward_extend names a TRT-LLM kernel (line %d)" % line
-        )
     return verdict(
         Verdict.AFFECTED,
         "forward_decode and forward_extend pass bmm2_scale=1.0 (the FP8 KV cache's V scale ignored), cast Q to FP8 "
