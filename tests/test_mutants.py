@@ -27,6 +27,23 @@ record's own ``classify(ast.parse(text))``. For each one called ``affected``:
   pool object, flag, every other attribute, the same SWA page-table buffer
   from ``_alloc_swa_page_table``, and the same reads (page tables, cache
   locations, key rows) through the mutant's own helpers; or the same error.
+* pr28144: the mutated file is compiled as ``fp8_cases`` compiles a release
+  (in a folder named after the release, beside that release's
+  ``forward_batch_info.py``, ``spec_info.py`` where it has one and attention
+  ``utils.py``), the record is applied as ``test_pr28144_differential``
+  applies it (``detect.assess_module``, ``patch.wrap``, the record's quantizer
+  the oracle's CPU stand-in), and what FlashInfer's kernels and the KV writes
+  receive (``fp8_cases.kernel_calls``) must equal, or raise the same error as,
+  the mutant with PR #28144 applied from 0.5.14's file
+  (``fp8_cases.upstream_module``), in every case of ``fp8_cases.cases`` with a
+  float or a tensor layer scale (both KV dtypes, XQA both ways where the
+  release has it, the KV write both ways, decode, extend and target verify).
+  The record pins ``forward_decode`` and ``forward_extend`` by whole-method
+  fingerprints: every mutant of those two must be ``unknown``. A mutant of the
+  helpers they call before the kernel (``_should_use_fused_fp8_path``,
+  ``_fused_fp8_set_kv_buffer``, ``_get_layer_page_table``) may be accepted,
+  and is then repaired exactly or a violation (``_get_layer_page_table`` runs
+  between the statements upstream reads the scales in and the kernel call).
 
 Each test asserts that the unmutated source is ``affected``, that the
 differential tells the unpatched source from upstream's (so it can fail), that
@@ -34,13 +51,15 @@ the generator made at least as many mutants as measured, and lists every
 mutant that breaks the rule, with its id and the mutated statement.
 
 Releases: the installed SGLang (0.5.12) always; the other code variants
-(pr26521: 0.5.1, 0.5.3; pr25103: 0.5.9) unless ``SGLANG_HOTFIX_RELEASES`` is
-``quick`` (a comma-separated list picks among them).
+(pr26521: 0.5.1, 0.5.3; pr25103: 0.5.9; pr28144: 0.5.9) unless
+``SGLANG_HOTFIX_RELEASES`` is ``quick`` (a comma-separated list picks among them).
 """
 
 import ast
 import collections
 import importlib.metadata
+import logging
+import shutil
 import time
 import types
 
@@ -48,13 +67,14 @@ import pytest
 import torch
 
 import capture_harness
+import fp8_cases
 import isolated_release
 import mutants
 import release_selection
 import swa_cases
 import upstream_fix
-from sglang_hotfix_trtllm import engine, patch
-from sglang_hotfix_trtllm.records import pr25103, pr26521
+from sglang_hotfix_trtllm import detect, engine, patch
+from sglang_hotfix_trtllm.records import pr25103, pr26521, pr28144
 from sglang_hotfix_trtllm.record import Verdict
 
 INSTALLED = "installed"
@@ -87,16 +107,36 @@ RECORDS = {
         },
         variants=("0.5.9",),
     ),
+    "pr28144": dict(
+        record=pr28144,
+        methods=(
+            "forward_decode",
+            "forward_extend",
+            "_should_use_fused_fp8_path",
+            "_fused_fp8_set_kv_buffer",
+            "_get_layer_page_table",
+        ),
+        # Pinned by the record's whole-method fingerprints: every mutant of these must be refused.
+        pinned=("forward_decode", "forward_extend"),
+        writes={
+            "bmm2_one": "bmm2_scale = 1.0",
+            "q_fp8": "q = q.to(torch.float8_e4m3fn)",
+            "v_scale_one": "layer.v_scale_float = 1.0",
+        },
+        variants=("0.5.9",),
+    ),
 }
 # Mutants the generator makes, measured (pr26521: 363 on 0.5.12, 310 on 0.5.1 and
-# 0.5.3; pr25103: 403 on 0.5.12, 331 on 0.5.9), less a little: a generator that
-# silently stops mutating fails here.
+# 0.5.3; pr25103: 403 on 0.5.12, 331 on 0.5.9; pr28144: 645 on 0.5.12, 636 on 0.5.9),
+# less a little: a generator that silently stops mutating fails here.
 FLOORS = {
     ("pr26521", INSTALLED): 350,
     ("pr26521", "0.5.1"): 300,
     ("pr26521", "0.5.3"): 300,
     ("pr25103", INSTALLED): 390,
     ("pr25103", "0.5.9"): 320,
+    ("pr28144", INSTALLED): 630,
+    ("pr28144", "0.5.9"): 620,
 }
 
 
@@ -428,6 +468,110 @@ def _pool_difference(got, want, cls, oracle_cls, world, runner):
 
 
 # --------------------------------------------------------------------------
+# pr28144: what the kernels receive from the patched mutant, against the mutant with PR #28144
+
+# The cases of fp8_cases.cases each mutant runs: a float and a tensor scale, over both KV dtypes,
+# XQA both ways where the release has it, the KV write both ways (fused FP8 where the release has
+# it) and every mode.
+SCALE_CASES = ("float", "tensor")
+# The files of a release fp8_cases compiles beside the backend (spec_info where the release has it).
+RELEASE_FILES = (isolated_release.FORWARD_BATCH_INFO, "sglang/srt/speculative/spec_info.py", fp8_cases.ATTENTION_UTILS)
+
+
+class ScaleRepair:
+    """Compiles a mutated file as ``fp8_cases`` compiles a release (in a folder named after the
+    release, with that release's other files), applies the record as the differential of
+    ``test_pr28144_differential`` does, and compares what FlashInfer's kernels receive with the
+    oracle: the same mutant with PR #28144 applied from 0.5.14's file (``fp8_cases.upstream_module``)."""
+
+    def __init__(self, release, source_root, tmp, monkeypatch):
+        # SGLang's scaled_fp8_quant does not run on CPU: the record's quantizer is the oracle's CPU stand-in.
+        monkeypatch.setattr(pr28144, "_quantizer", fp8_cases.cpu_scaled_fp8_quant)
+        # The oracle's module logs each tensor scale it ignores, once per module: one per mutant.
+        monkeypatch.setattr(logging.getLogger(fp8_cases.MODULE_NAME), "disabled", True)
+        # The release's ForwardMode, loaded once (each mutant's module and its oracle ask for it).
+        forward_mode = isolated_release.load_forward_mode(source_root)
+        monkeypatch.setattr(isolated_release, "load_forward_mode", lambda release_dir: forward_mode)
+        self.release, self.tmp = release, tmp
+        self.fixed_dir = release_selection.release_dir(fp8_cases.FIXED_RELEASE)
+        self.cases = {n: c for n, c in fp8_cases.cases(release).items() if c.scales in SCALE_CASES}
+        self.files = {}
+        for member in RELEASE_FILES:
+            path = (
+                fp8_cases.extra_file(source_root, member)
+                if member == fp8_cases.ATTENTION_UTILS
+                else source_root / member
+            )
+            if path.is_file():
+                self.files[member] = path
+
+    def check(self, index, text, patched=True):
+        """None when the (patched) mutant's kernel calls equal the oracle's in every case, else the first difference."""
+        folder = self.tmp / ("scale%d" % index) / self.release  # fp8_cases reads the release from the name
+        _write(folder, text)
+        for member, path in self.files.items():
+            (folder / member).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, folder / member)
+        try:
+            module = fp8_cases.load_backend_module(folder)
+        except Exception as error:
+            return "the mutated module does not load (%s)" % _error(error)
+        try:
+            oracle = fp8_cases.upstream_module(folder, self.fixed_dir)
+        except Exception as error:
+            return "no oracle: PR #28144 cannot be applied (%s)" % _error(error)
+        try:
+            want = {name: _kernel_calls(oracle, case) for name, case in self.cases.items()}
+            if not patched:
+                got = {name: _kernel_calls(module, case) for name, case in self.cases.items()}
+            else:
+                assessment = detect.assess_module(pr28144.HOTFIX, module)
+                if assessment.verdict is not Verdict.AFFECTED:
+                    return "the module is assessed %s: %s" % (assessment.verdict.value, assessment.reason)
+                try:
+                    patch.wrap(pr28144.HOTFIX, module, assessment)
+                    got = {name: _kernel_calls(module, case) for name, case in self.cases.items()}
+                finally:
+                    patch.remove_all()
+        finally:
+            fp8_cases._tree.cache_clear()  # the parsed files, cached by path: one folder per mutant
+        differing = [name for name in self.cases if got[name] != want[name]]
+        if differing:
+            first = differing[0]
+            return "%d of %d cases differ from the oracle; the first, %s: %s" % (
+                len(differing),
+                len(self.cases),
+                first,
+                _calls_difference(got[first], want[first]),
+            )
+        return None
+
+
+def _kernel_calls(module, case):
+    try:
+        return fp8_cases.kernel_calls(module, case)
+    except Exception as error:
+        return "raised " + _error(error)
+
+
+def _calls_difference(got, want):
+    """Where two recordings (or errors) part, in words."""
+    if isinstance(got, str) or isinstance(want, str):
+        return "%s vs %s" % (got if isinstance(got, str) else "calls", want if isinstance(want, str) else "calls")
+    for (name, arguments), (oracle_name, oracle_arguments) in zip(got, want):
+        if name != oracle_name:
+            return "call %s vs %s" % (name, oracle_name)
+        if arguments != oracle_arguments:
+            if isinstance(arguments, dict) and isinstance(oracle_arguments, dict):
+                keys = sorted(
+                    k for k in set(arguments) | set(oracle_arguments) if arguments.get(k) != oracle_arguments.get(k)
+                )
+                return "%s differs in %s" % (name, ", ".join(keys))
+            return "%s differs" % name
+    return "%d calls vs %d" % (len(got), len(want))
+
+
+# --------------------------------------------------------------------------
 
 
 @pytest.fixture
@@ -453,7 +597,14 @@ def test_every_mutant_is_refused_or_repaired_exactly(name, release, release_sour
     started = time.perf_counter()
 
     assert record.classify(ast.parse(text)).verdict is Verdict.AFFECTED, label
-    repair = CaptureRepair(root, tmp_path, monkeypatch) if name == "pr26521" else PoolRepair(text, tmp_path)
+    if name == "pr26521":
+        repair = CaptureRepair(root, tmp_path, monkeypatch)
+    elif name == "pr25103":
+        repair = PoolRepair(text, tmp_path)
+    else:  # pr28144: the installed release's files are named as its release
+        repair = ScaleRepair(
+            importlib.metadata.version("sglang") if release == INSTALLED else release, root, tmp_path, monkeypatch
+        )
     # The differential can fail: unpatched, the unmutated code is not upstream's.
     assert repair.check(0, text, patched=False) is not None, (
         "%s: the differential does not tell the bug from the fix" % label
@@ -469,6 +620,12 @@ def test_every_mutant_is_refused_or_repaired_exactly(name, release, release_sour
         verdict = classification.verdict
         verdicts[verdict.value] += 1
         if verdict is Verdict.UNKNOWN:
+            continue
+        if mutant.method in spec.get("pinned", ()):
+            violations.append(
+                "%s\n      wrongly %s (a method the record pins): %s"
+                % (mutant.describe(), verdict.value, classification.reason)
+            )
             continue
         if verdict is not Verdict.AFFECTED:
             violations.append("%s\n      wrongly %s: %s" % (mutant.describe(), verdict.value, classification.reason))

@@ -246,26 +246,37 @@ def _gate_class():
     class FlashInferSubmoduleGate(patch.GateProxy):
         """``flashinfer.decode`` / ``flashinfer.prefill`` as the gated module reaches them: the
         submodule, its kernel looked up at each access as SGLang's own code looks it up (so a
-        kernel replaced later, by a profiler or a mock, is the one called), and gated."""
+        kernel replaced later, by a profiler or a mock, is the one called), and gated. The gated
+        kernel is kept while the submodule holds the same kernel: no allocation per call."""
 
         def __init__(self, submodule, kernel_name, gate):
             super().__init__(submodule)
-            self.__dict__["_kernel_name"] = kernel_name
-            self.__dict__["_gate"] = gate
+            self.__dict__.update(_kernel_name=kernel_name, _gate=gate, _kernel=None, _gated=None)
 
         def __getattr__(self, name):
             found = getattr(self._hotfix_gated, name)
-            return _GatedKernel(found, self._gate) if name == self._kernel_name else found
+            if name != self._kernel_name:
+                return found
+            if found is not self._kernel:
+                self.__dict__.update(_kernel=found, _gated=_GatedKernel(found, self._gate))
+            return self._gated
 
     class FlashInferGate(patch.GateProxy):
         """The module's global ``flashinfer`` while pr28144 is applied: FlashInfer itself, looked
-        up at each access, but for the kernels' submodules."""
+        up at each access, but for the kernels' submodules (a gate kept per submodule object)."""
+
+        def __init__(self, gated):
+            super().__init__(gated)
+            self.__dict__["_submodule_gates"] = {}
 
         def __getattr__(self, name):
             submodule = getattr(self._hotfix_gated, name)
             if name not in KERNELS:
                 return submodule
-            return FlashInferSubmoduleGate(submodule, KERNELS[name], self)
+            kept = self._submodule_gates.get(name)
+            if kept is None or kept._hotfix_gated is not submodule:
+                kept = self._submodule_gates[name] = FlashInferSubmoduleGate(submodule, KERNELS[name], self)
+            return kept
 
         def __repr__(self):
             return "<pr28144 gate of %r>" % (self._hotfix_gated,)
