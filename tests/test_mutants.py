@@ -117,7 +117,13 @@ RECORDS = {
             "_get_layer_page_table",
         ),
         # Pinned by the record's whole-method fingerprints: every mutant of these must be refused.
-        pinned=("forward_decode", "forward_extend"),
+        pinned=(
+            "forward_decode",
+            "forward_extend",
+            "_should_use_fused_fp8_path",
+            "_fused_fp8_set_kv_buffer",
+            "_get_layer_page_table",
+        ),
         writes={
             "bmm2_one": "bmm2_scale = 1.0",
             "q_fp8": "q = q.to(torch.float8_e4m3fn)",
