@@ -222,29 +222,24 @@ def exclusive(name):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def build_wheel(source, out):
+    """``source`` (a checkout) built as a wheel into ``out``, the way pip builds it for users; returns the wheel."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(source)],
+        check=True,
+        timeout=300,
+        cwd=str(out),
+    )
+    (path,) = pathlib.Path(out).glob("sglang_hotfix_trtllm-*.whl")
+    return path
+
+
 @pytest.fixture(scope="session")
 def plugin_wheel(tmp_path_factory):
-    """This repository built as a wheel, the way pip builds it for users."""
+    """This repository built as a wheel."""
     out = tmp_path_factory.mktemp("wheel")
     with exclusive("repository-build"):  # setuptools builds in the repository's build/ folder
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "wheel",
-                "--no-deps",
-                "--no-build-isolation",
-                "-q",
-                "-w",
-                str(out),
-                str(REPO),
-            ],
-            check=True,
-            timeout=300,
-        )
-    (path,) = out.glob("sglang_hotfix_trtllm-*.whl")
-    return path
+        return build_wheel(REPO, out)
 
 
 @pytest.fixture(scope="session")

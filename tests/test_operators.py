@@ -14,6 +14,7 @@ import variants
 from conftest import (
     PATCHED,
     REPO,
+    build_wheel,
     SCENARIO_SCRIPTS,
     TARGET_RELATIVE,
     clean_env,
@@ -144,24 +145,7 @@ def test_a_stale_build_folder_does_not_reach_the_wheel(tmp_path):
     stale = checkout / "build" / "lib" / "sglang_hotfix_trtllm"
     stale.mkdir(parents=True)
     (stale / "deleted_module.py").write_text("raise SystemExit('stale')\n")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(tmp_path),
-            str(checkout),
-        ],
-        check=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    (wheel,) = tmp_path.glob("sglang_hotfix_trtllm-*.whl")
+    wheel = build_wheel(checkout, tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
     assert not any("deleted_module" in n for n in names)
     assert any(n.endswith("LICENSE") for n in names)

@@ -89,12 +89,13 @@ def sglang_function(relative_path, name):
     return namespace[name]
 
 
-def use_kernel(backend_module, dry_run):
+def use_kernel(backend_module, dry_run, stand_in=None):
     """Give the backend module its ``flashinfer`` (the real one, or on a CPU dry
-    run a torch stand-in for the decode kernel); returns which, in words."""
+    run a torch stand-in for the decode kernel: ``stand_in``, by default this
+    worker's); returns which, in words."""
     if dry_run:
         backend_module.flashinfer = types.SimpleNamespace(
-            decode=types.SimpleNamespace(trtllm_batch_decode_with_kv_cache=torch_decode_kernel)
+            decode=types.SimpleNamespace(trtllm_batch_decode_with_kv_cache=stand_in or torch_decode_kernel)
         )
         return "torch stand-in (CPU dry run)"
     import flashinfer

@@ -32,7 +32,7 @@ import types
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from cuda_graph_worker import HEAD_DIM, KV_HEADS, PAGE_SIZE, Q_HEADS, attention, import_sglang  # noqa: E402
+from cuda_graph_worker import HEAD_DIM, KV_HEADS, PAGE_SIZE, Q_HEADS, attention, import_sglang, use_kernel  # noqa: E402
 
 BATCH = 16
 MAX_CONTEXT = 1024
@@ -65,19 +65,6 @@ def torch_kernel(query, kv_cache, block_tables, seq_lens, max_seq_len, bmm1_scal
         lengths = seq_lens - (q_len_per_req - 1 - i)
         rows.append(attention(q[:, i], k, v, lengths, float(bmm1_scale)) * float(bmm2_scale))
     return torch.stack(rows, dim=1).view(-1, Q_HEADS, HEAD_DIM).to(torch.bfloat16)
-
-
-def use_kernel(backend_module, dry_run):
-    if dry_run:
-        backend_module.flashinfer = types.SimpleNamespace(
-            decode=types.SimpleNamespace(trtllm_batch_decode_with_kv_cache=torch_kernel)
-        )
-        return "torch stand-in (CPU dry run)"
-    import flashinfer
-    import flashinfer.decode
-
-    backend_module.flashinfer = flashinfer
-    return "flashinfer %s trtllm_batch_decode_with_kv_cache" % flashinfer.__version__
 
 
 def make_backend(backend_module, kv_dtype, device):
@@ -217,7 +204,7 @@ def main():
     dry_run = "--cpu-dry-run" in sys.argv
     device = torch.device("cpu" if dry_run else "cuda")
     backend_module, ForwardMode, _ = import_sglang()
-    kernel = use_kernel(backend_module, dry_run)
+    kernel = use_kernel(backend_module, dry_run, stand_in=torch_kernel)
     # SGLang bound no `flashinfer` while imported with CUDA hidden (import_sglang): the record's gate
     # goes around the module's global now that it exists, as it does at import on a GPU machine.
     import sglang_hotfix_trtllm

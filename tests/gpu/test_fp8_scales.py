@@ -16,14 +16,11 @@ tolerance of the other GPU proofs. A wrong scale errs by the size of the outputs
 tolerance and more.
 """
 
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
-from worker_output import result_of
+from worker_output import run_worker
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -37,26 +34,19 @@ MARGIN = 1.25
 BF16_TOLERANCE = 0.02
 
 
-def run_worker(disabled):
-    env = {k: v for k, v in os.environ.items() if k != "SGLANG_HOTFIX_TRTLLM_DISABLE"}
-    env["PYTHONUNBUFFERED"] = "1"
-    if disabled:
-        env["SGLANG_HOTFIX_TRTLLM_DISABLE"] = "pr28144"
-    ran = subprocess.run([sys.executable, str(WORKER)], capture_output=True, text=True, env=env, timeout=900)
-    result = result_of("fp8-scales-%s" % ("unpatched" if disabled else "patched"), ran)
-    assert ran.returncode == 0 and result, ran.stdout[-4000:] + ran.stderr[-4000:]
-    result["hotfix_lines"] = [line for line in ran.stderr.splitlines() if "sglang-hotfix-trtllm" in line]
-    return result
+def run(disabled):
+    name = "fp8-scales-%s" % ("unpatched" if disabled else "patched")
+    return run_worker(WORKER, name, disabled="pr28144" if disabled else None)
 
 
 @pytest.fixture(scope="module")
 def unpatched():
-    return run_worker(disabled=True)
+    return run(disabled=True)
 
 
 @pytest.fixture(scope="module")
 def patched():
-    return run_worker(disabled=False)
+    return run(disabled=False)
 
 
 def error(result, case):

@@ -6,14 +6,11 @@ off by name (SGLANG_HOTFIX_TRTLLM_DISABLE=pr25103) and with it active (under
 `sglang-hotfix-trtllm run`, see docs/gpu.md).
 """
 
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
-from worker_output import result_of
+from worker_output import run_worker
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -23,25 +20,19 @@ if torch.cuda.is_available():
 WORKER = pathlib.Path(__file__).with_name("swa_draft_worker.py")
 
 
-def run_worker(disabled):
-    env = {k: v for k, v in os.environ.items() if k != "SGLANG_HOTFIX_TRTLLM_DISABLE"}
-    env["PYTHONUNBUFFERED"] = "1"
-    if disabled:
-        env["SGLANG_HOTFIX_TRTLLM_DISABLE"] = "pr25103"
-    ran = subprocess.run([sys.executable, str(WORKER)], capture_output=True, text=True, env=env, timeout=900)
-    result = result_of("swa-draft-%s" % ("unpatched" if disabled else "patched"), ran)
-    assert ran.returncode == 0 and result, ran.stdout[-4000:] + ran.stderr[-4000:]
-    return result
+def run(disabled):
+    name = "swa-draft-%s" % ("unpatched" if disabled else "patched")
+    return run_worker(WORKER, name, disabled="pr25103" if disabled else None)
 
 
 @pytest.fixture(scope="module")
 def unpatched():
-    return run_worker(disabled=True)
+    return run(disabled=True)
 
 
 @pytest.fixture(scope="module")
 def patched():
-    return run_worker(disabled=False)
+    return run(disabled=False)
 
 
 def test_the_real_kernel_runs(unpatched, patched):

@@ -3,6 +3,8 @@
 import json
 import os
 import pathlib
+import subprocess
+import sys
 
 
 def result_of(name, ran):
@@ -14,4 +16,18 @@ def result_of(name, ran):
     lines = [line for line in ran.stdout.splitlines() if line.startswith("RESULT:")]
     result = json.loads(lines[-1][len("RESULT:") :]) if lines else None
     print(name, ran.returncode, json.dumps(result, indent=2))
+    return result
+
+
+def run_worker(worker, name, disabled=None, timeout=900):
+    """``python WORKER`` in a fresh process, with SGLANG_HOTFIX_TRTLLM_DISABLE set to ``disabled``
+    (a record's name) or unset; its RESULT, with the hotfix's stderr lines as ``hotfix_lines``."""
+    env = {k: v for k, v in os.environ.items() if k != "SGLANG_HOTFIX_TRTLLM_DISABLE"}
+    env["PYTHONUNBUFFERED"] = "1"
+    if disabled:
+        env["SGLANG_HOTFIX_TRTLLM_DISABLE"] = disabled
+    ran = subprocess.run([sys.executable, str(worker)], capture_output=True, text=True, env=env, timeout=timeout)
+    result = result_of(name, ran)
+    assert ran.returncode == 0 and result, ran.stdout[-4000:] + ran.stderr[-4000:]
+    result["hotfix_lines"] = [line for line in ran.stderr.splitlines() if "sglang-hotfix-trtllm" in line]
     return result
