@@ -221,7 +221,8 @@ def on_module_imported(module, name=None):
     if not isinstance(module, types.ModuleType):
         return
     name = name or getattr(module, "__name__", None)
-    with detect.shared_parses():  # the records of one module read one file: parse it once
+    # The records of one module read one file and one distribution's metadata: each once.
+    with detect.shared_parses(), source.remembering():
         for hotfix in catalog.for_module(name):
             try:
                 handle(hotfix, module)

@@ -180,7 +180,37 @@ def _owns(dist, source_path, module):
     return beside or (root is not None and os.path.realpath(source_path).startswith(root + os.sep))
 
 
+_remembered = None  # while remembering() is open: (name, source_path, module) -> Distribution
+
+
+class remembering:
+    """While open, ``distribution`` answers each question once: the records of one imported
+    module ask about the same distribution (for their log lines and metrics samples), and each
+    answer reads metadata files. Closed, every call reads afresh (``status`` runs once anyway)."""
+
+    def __enter__(self):
+        global _remembered
+        self._outer = _remembered
+        if _remembered is None:
+            _remembered = {}
+        return self
+
+    def __exit__(self, *exc):
+        global _remembered
+        _remembered = self._outer
+
+
 def distribution(name, source_path=None, module=None):
+    """``_distribution``, remembered while a ``remembering()`` context is open."""
+    if _remembered is None:
+        return _distribution(name, source_path, module)
+    key = (name, source_path, module)
+    if key not in _remembered:
+        _remembered[key] = _distribution(name, source_path, module)
+    return _remembered[key]
+
+
+def _distribution(name, source_path=None, module=None):
     """Version and install kind from the distribution metadata; never raises.
 
     With ``source_path`` (of ``module``), only metadata belonging to that
