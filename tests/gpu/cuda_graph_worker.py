@@ -89,13 +89,12 @@ def sglang_function(relative_path, name):
     return namespace[name]
 
 
-def use_kernel(backend_module, dry_run, stand_in=None):
+def use_kernel(backend_module, dry_run):
     """Give the backend module its ``flashinfer`` (the real one, or on a CPU dry
-    run a torch stand-in for the decode kernel: ``stand_in``, by default this
-    worker's); returns which, in words."""
+    run a torch stand-in for the decode kernel); returns which, in words."""
     if dry_run:
         backend_module.flashinfer = types.SimpleNamespace(
-            decode=types.SimpleNamespace(trtllm_batch_decode_with_kv_cache=stand_in or torch_decode_kernel)
+            decode=types.SimpleNamespace(trtllm_batch_decode_with_kv_cache=torch_decode_kernel)
         )
         return "torch stand-in (CPU dry run)"
     import flashinfer
@@ -106,28 +105,44 @@ def use_kernel(backend_module, dry_run, stand_in=None):
 
 
 def torch_decode_kernel(
-    query,
-    kv_cache,
-    workspace_buffer,
-    block_tables,
-    seq_lens,
-    max_seq_len,
-    bmm1_scale,
-    bmm2_scale,
-    window_left,
-    sinks,
-    skip_softmax_threshold_scale_factor,
-    out_dtype,
+    query, kv_cache, block_tables, seq_lens, max_seq_len, bmm1_scale, bmm2_scale, out_dtype, q_len_per_req=1, **_
 ):
-    """--cpu-dry-run only: the kernel's contract in torch (paged KV in
-    [pages, kv heads, page, dim] layout, rows bounded by seq_lens)."""
+    """--cpu-dry-run only: the kernel's contract in torch (paged KV in [pages, kv heads, page,
+    dim] layout, rows bounded by seq_lens; with q_len_per_req, each request's queries end its
+    keys, causally; the two BMM scales as the kernel applies them)."""
     k_cache, v_cache = kv_cache
-    positions = torch.arange(max_seq_len)
+    positions = torch.arange(min(max_seq_len, block_tables.shape[1] * PAGE_SIZE))
     pages = block_tables.long()[:, positions // PAGE_SIZE]
     k = k_cache[pages, :, positions % PAGE_SIZE].float()  # [bs, L, kv heads, dim]
     v = v_cache[pages, :, positions % PAGE_SIZE].float()
-    out = attention(query.float(), k, v, seq_lens, bmm1_scale)
-    return out.to(out_dtype)
+    q = query.float().view(block_tables.shape[0], q_len_per_req, query.shape[-2], query.shape[-1])
+    rows = [
+        attention(q[:, i], k, v, seq_lens - (q_len_per_req - 1 - i), float(bmm1_scale)) * float(bmm2_scale)
+        for i in range(q_len_per_req)
+    ]
+    return torch.stack(rows, dim=1).view(query.shape).to(out_dtype)
+
+
+def radix_layer(device=None, k_scale=None, v_scale=None):
+    """A RadixAttention's fields ``forward_decode`` / ``forward_extend`` read: the scale
+    tensors SGLang's loader sets (on ``device``) and their floats, None when the model has none."""
+
+    def tensor(value):
+        return None if value is None else torch.tensor(value, dtype=torch.float32, device=device)
+
+    return types.SimpleNamespace(
+        layer_id=0,
+        tp_q_head_num=Q_HEADS,
+        tp_k_head_num=KV_HEADS,
+        tp_v_head_num=KV_HEADS,
+        head_dim=HEAD_DIM,
+        scaling=HEAD_DIM**-0.5,
+        sliding_window_size=-1,
+        k_scale=tensor(k_scale),
+        v_scale=tensor(v_scale),
+        k_scale_float=k_scale,
+        v_scale_float=v_scale,
+    )
 
 
 def attention(q, k, v, lengths, scale):
@@ -226,18 +241,7 @@ def main():
     k_flat, v_flat = pool.get_kv_buffer(0)
     k_flat.copy_(torch.randn(k_flat.shape, generator=generator).to(DTYPE))
     v_flat.copy_(torch.randn(v_flat.shape, generator=generator).to(DTYPE))
-    layer = types.SimpleNamespace(
-        layer_id=0,
-        tp_q_head_num=Q_HEADS,
-        tp_k_head_num=KV_HEADS,
-        tp_v_head_num=KV_HEADS,
-        head_dim=HEAD_DIM,
-        scaling=HEAD_DIM**-0.5,
-        sliding_window_size=-1,
-        k_scale=None,
-        v_scale=None,
-        k_scale_float=None,
-    )
+    layer = radix_layer()
     forward_batch = types.SimpleNamespace(token_to_kv_pool=pool, out_cache_loc=None)
     spec_info = types.SimpleNamespace(
         is_draft_input=lambda: True

@@ -32,7 +32,16 @@ import types
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from cuda_graph_worker import HEAD_DIM, KV_HEADS, PAGE_SIZE, Q_HEADS, attention, import_sglang, use_kernel  # noqa: E402
+from cuda_graph_worker import (  # noqa: E402
+    HEAD_DIM,
+    KV_HEADS,
+    PAGE_SIZE,
+    Q_HEADS,
+    attention,
+    import_sglang,
+    radix_layer,
+    use_kernel,
+)
 
 BATCH = 16
 MAX_CONTEXT = 1024
@@ -48,23 +57,6 @@ CASES = {
     "bf16_checkpoint_scales_decode": (torch.bfloat16, "decode", 0.5, 4.0),
     "bf16_unscaled_decode": (torch.bfloat16, "decode", None, None),
 }
-
-
-def torch_kernel(query, kv_cache, block_tables, seq_lens, max_seq_len, bmm1_scale, bmm2_scale, q_len_per_req=1, **_):
-    """--cpu-dry-run only: the decode kernel's contract in torch (paged KV, [pages, kv heads,
-    page, dim]; with q_len_per_req, each request's queries end its keys, causally)."""
-    k_cache, v_cache = kv_cache
-    positions = torch.arange(min(max_seq_len, block_tables.shape[1] * PAGE_SIZE))
-    pages = block_tables.long()[:, positions // PAGE_SIZE]
-    k = k_cache[pages, :, positions % PAGE_SIZE].float()
-    v = v_cache[pages, :, positions % PAGE_SIZE].float()
-    bs = block_tables.shape[0]
-    q = query.float().view(bs, q_len_per_req, Q_HEADS, HEAD_DIM)
-    rows = []
-    for i in range(q_len_per_req):
-        lengths = seq_lens - (q_len_per_req - 1 - i)
-        rows.append(attention(q[:, i], k, v, lengths, float(bmm1_scale)) * float(bmm2_scale))
-    return torch.stack(rows, dim=1).view(-1, Q_HEADS, HEAD_DIM).to(torch.bfloat16)
 
 
 def make_backend(backend_module, kv_dtype, device):
@@ -86,24 +78,6 @@ def make_backend(backend_module, kv_dtype, device):
     return backend
 
 
-def layer_with(k_scale, v_scale, device):
-    """A RadixAttention's fields: the scale tensors SGLang's loader sets, and their floats."""
-    tensor = lambda value: None if value is None else torch.tensor(value, dtype=torch.float32, device=device)  # noqa: E731
-    return types.SimpleNamespace(
-        layer_id=0,
-        tp_q_head_num=Q_HEADS,
-        tp_k_head_num=KV_HEADS,
-        tp_v_head_num=KV_HEADS,
-        head_dim=HEAD_DIM,
-        scaling=HEAD_DIM**-0.5,
-        sliding_window_size=-1,
-        k_scale=tensor(k_scale),
-        v_scale=tensor(v_scale),
-        k_scale_float=k_scale,
-        v_scale_float=v_scale,
-    )
-
-
 def run_case(backend_module, ForwardMode, name, device, generator):
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
@@ -118,7 +92,7 @@ def run_case(backend_module, ForwardMode, name, device, generator):
         device=str(device),
         enable_memory_saver=False,
     )
-    layer = layer_with(k_scale, v_scale, device)
+    layer = radix_layer(device, k_scale, v_scale)
     # K and V as a model computes them (bf16), written by SGLang's pool: divided by the scales, stored.
     slots = torch.arange(PAGE_SIZE, PAGES * PAGE_SIZE, device=device)
     k = torch.randn(len(slots), KV_HEADS, HEAD_DIM, generator=generator).to(torch.bfloat16).to(device)
@@ -204,7 +178,7 @@ def main():
     dry_run = "--cpu-dry-run" in sys.argv
     device = torch.device("cpu" if dry_run else "cuda")
     backend_module, ForwardMode, _ = import_sglang()
-    kernel = use_kernel(backend_module, dry_run, stand_in=torch_kernel)
+    kernel = use_kernel(backend_module, dry_run)
     # SGLang bound no `flashinfer` while imported with CUDA hidden (import_sglang): the record's gate
     # goes around the module's global now that it exists, as it does at import on a GPU machine.
     import sglang_hotfix_trtllm

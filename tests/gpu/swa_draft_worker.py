@@ -45,6 +45,7 @@ from cuda_graph_worker import (
     TOLERANCE,
     attention,
     import_sglang,  # noqa: E402
+    radix_layer,
     use_kernel,
 )
 
@@ -146,18 +147,7 @@ def main():
         encoder_lens=None,
     )
     backend.init_forward_metadata(batch)
-    layer = types.SimpleNamespace(
-        layer_id=0,
-        tp_q_head_num=Q_HEADS,
-        tp_k_head_num=KV_HEADS,
-        tp_v_head_num=KV_HEADS,
-        head_dim=HEAD_DIM,
-        scaling=HEAD_DIM**-0.5,
-        sliding_window_size=-1,
-        k_scale=None,
-        v_scale=None,
-        k_scale_float=None,
-    )
+    layer = radix_layer()
     q = torch.randn(BATCH, Q_HEADS * HEAD_DIM, generator=generator).to(DTYPE).to(device)
     out = backend.forward_decode(q, None, None, layer, batch, save_kv_cache=False).view(BATCH, Q_HEADS, HEAD_DIM)
     if not dry_run:
