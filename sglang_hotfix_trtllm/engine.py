@@ -54,6 +54,7 @@ class Action(str, enum.Enum):
     FIXED = "fixed"  # upstream's fix is there: INFO, the package can go
     NOT_APPLICABLE = "not-applicable"  # nothing of this record's here: silent
     UNKNOWN_CODE = "unknown-code"  # refused: the code is not recognised
+    UNREPAIRABLE = "unrepairable"  # the bug is recognised, but not repairable here: a WARNING, no refusal
     WRAPT_UNUSABLE = "wrapt-unusable"  # refused: wrapt cannot be imported
 
     def __str__(self):
@@ -103,6 +104,17 @@ def decide(hotfix, assessment, current):
         )
     if assessment.verdict is Verdict.NOT_APPLICABLE:
         return Decision(Action.NOT_APPLICABLE, "nothing to patch: the verdict is not-applicable")
+    if assessment.verdict is Verdict.UNREPAIRABLE:
+        # Not a refusal: the code is recognised, so strict mode (for code the hotfix does not
+        # recognise) does not stop the import; status says NOT PROTECTED and exits 1.
+        return Decision(
+            Action.UNREPAIRABLE,
+            "the bug is recognised but cannot be repaired exactly here: %s" % assessment.reason,
+            "not patching %s: %s has the bug of record %s (%s), which this hotfix recognises but cannot repair "
+            "exactly here: %s"
+            % (hotfix.target, _version_text(hotfix, path), hotfix.name, hotfix.upstream, assessment.reason),
+            logging.WARNING,
+        )
     if assessment.verdict is Verdict.UNKNOWN:
         return Decision(
             Action.UNKNOWN_CODE,

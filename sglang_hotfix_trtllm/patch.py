@@ -27,6 +27,7 @@ read it. A record that wraps several methods (``Hotfix.also``) wraps all of
 them or none.
 """
 
+import copy
 import functools
 import logging
 import os
@@ -176,15 +177,33 @@ def _check_wrappable(hotfix, method_name, current, assessment):
     return None
 
 
-class GateProxy:
+class GateProxy(wrapt.ObjectProxy):
     """Base class of the objects ``Hotfix.gates`` put in a module's globals: a gate is
     recognised as one (by its type: a proxy of someone else's around it is not one), a new
     gate is put around what the old one gated, never around a gate, and ``remove()`` turns
-    it off (``_hotfix_on``) wherever it still sits."""
+    it off (``_self_hotfix_on``) wherever it still sits.
+
+    It passes for what it gates, as wrapt's proxies do: ``isinstance`` and
+    ``inspect.ismodule`` (``__class__``), ``dir()``, ``__doc__``, ``__name__``, ``__spec__``,
+    ``__dict__``, attribute writes and deletions (they go to the gated object: a
+    ``mock.patch`` through the gate patches the module itself, as without the hotfix). Copying
+    and pickling do what they do to the gated object (a module: TypeError)."""
 
     def __init__(self, gated):
-        self.__dict__["_hotfix_gated"] = gated
-        self.__dict__["_hotfix_on"] = True
+        super().__init__(gated)
+        self._self_hotfix_on = True
+
+    def __copy__(self):
+        return copy.copy(self.__wrapped__)
+
+    def __deepcopy__(self, memo):
+        return copy.deepcopy(self.__wrapped__, memo)
+
+    def __reduce__(self):
+        return self.__wrapped__.__reduce__()
+
+    def __reduce_ex__(self, protocol):
+        return self.__wrapped__.__reduce_ex__(protocol)
 
 
 def _is_gate(value):
@@ -237,8 +256,7 @@ def wrap(hotfix, module, assessment):
             setattr(cls, name, wrapper)
             _applied.append(entry)
             fresh = True
-        gated = _install_gates(hotfix, module)
-        return "wrapped" if fresh or resumed or gated else "already"
+        return "wrapped" if fresh or resumed else "already"
 
 
 def _resume(ours):
@@ -269,18 +287,34 @@ def _gate_in_force(hotfix, module, name):
     )
 
 
+def arm_gates(hotfix, module):
+    """Put the record's gates that are not in force into the module, at the first call that
+    needs them (a record's wrapper asks): a process whose calls never need a repair never
+    gets a gate. True when every gate is in force afterwards. False, with nothing put, when
+    the record's wrappers on the module's class are no longer in force (``remove()`` ran
+    meanwhile) or the module lacks a global it gates (SGLang binds ``flashinfer`` only where
+    it imports it: the module's own code cannot reach it either)."""
+    with _lock:
+        cls = vars(module).get(hotfix.class_name)
+        if not any(
+            isinstance(e, Applied) and e.hotfix is hotfix and e.enabled and e.cls_ref() is cls for e in _applied
+        ):
+            return False
+        if any(name not in vars(module) for name, _ in hotfix.gates):
+            return False
+        _install_gates(hotfix, module)
+        return True
+
+
 def _install_gates(hotfix, module):
-    """Put the record's gates that are not in force into the module; True when one was put.
-    A global the module does not have is left absent: the module's own code cannot reach
-    it either (SGLang binds ``flashinfer`` only where it imports), and the record's wrapper
-    says so should a call ever run without passing its gate."""
+    """Put the record's gates that are not in force into the module; True when one was put."""
     installed = False
     for name, make_gate in hotfix.gates:
         if name not in vars(module) or _gate_in_force(hotfix, module, name):
             continue
         original = vars(module)[name]
         if _is_gate(original):  # one of ours, put back by someone after remove()
-            original = original.__dict__["_hotfix_gated"]
+            original = original.__wrapped__
         gate = make_gate(module, original)
         setattr(module, name, gate)
         _applied.append(Gate(module, hotfix, name, original, gate))
@@ -337,10 +371,17 @@ def remove_all():
 def _remove_gate(entry):
     """Put the module's global back, when it still holds our gate. A gate left in
     place is harmless: with its record's wrappers off it only passes calls through."""
-    entry.gate.__dict__["_hotfix_on"] = False  # wherever it still sits, it only passes calls through
+    entry.gate._self_hotfix_on = False  # wherever it still sits, it only passes calls through
     module = entry.module_ref()
-    if module is not None and vars(module).get(entry.name) is entry.gate:
+    current = vars(module).get(entry.name) if module is not None else None
+    if module is not None and current is entry.gate:
         setattr(module, entry.name, entry.original)
+    elif current is entry.original or _is_gate(current):
+        # Nothing of this gate's to undo: the original is back (``importlib.reload`` re-ran the
+        # module's import), or a later gate of ours sits there (put back by its own entry).
+        if _is_gate(current):
+            current._self_hotfix_on = False
+            setattr(module, entry.name, current.__wrapped__)
     elif module is not None:
         say(
             logging.WARNING,
@@ -352,8 +393,8 @@ def _remove_gate(entry):
 
 def is_patched(hotfix, cls):
     """True when this hotfix's wrappers are in force on every method it wraps (ours,
-    on or under another wrapper that calls it, and not turned off) and its gates are
-    in the module's globals."""
+    on or under another wrapper that calls it, and not turned off) and its gates, once
+    armed (``arm_gates``), are still in the module's globals."""
     with _lock:
         for name in hotfix.method_names:
             ours = _ours_in_chain(cls.__dict__.get(name), hotfix, name)
@@ -364,7 +405,8 @@ def is_patched(hotfix, cls):
         module = _module_of(hotfix, cls)
         if module is None:  # no gate was ever put: the module had none of the globals it gates
             return True
-        return all(name not in vars(module) or _gate_in_force(hotfix, module, name) for name, _ in hotfix.gates)
+        armed = {e.name for e in _applied if isinstance(e, Gate) and e.hotfix is hotfix and e.module_ref() is module}
+        return all(name not in armed or _gate_in_force(hotfix, module, name) for name, _ in hotfix.gates)
 
 
 def _module_of(hotfix, cls):

@@ -51,6 +51,9 @@ class Verdict(str, enum.Enum):
     AFFECTED = "affected"  # the bug is there and the wrapper is known to repair it
     FIXED = "fixed"  # upstream already carries the fix
     NOT_APPLICABLE = "not-applicable"  # no SGLang, or no target module
+    # The bug is there and recognised, but the hotfix cannot repair it exactly on this code: never
+    # patched, and said as such (not as "not recognised"); the reason names the release that fixes it.
+    UNREPAIRABLE = "unrepairable"
     UNKNOWN = "unknown"  # anything else: never patched
 
     def __str__(self):

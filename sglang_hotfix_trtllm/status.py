@@ -90,10 +90,11 @@ def exit_status(assessment, decision, patched):
     if decision.action in (engine.Action.DISABLED, engine.Action.EXCLUDED):
         # The operator's choice, made before any verdict is acted on (the process
         # stands aside silently whatever the code): not an error to fix.
-        return EXIT_UNPROTECTED if assessment.verdict in (Verdict.AFFECTED, Verdict.UNKNOWN) else EXIT_OK
+        bugs = (Verdict.AFFECTED, Verdict.UNKNOWN, Verdict.UNREPAIRABLE)
+        return EXIT_UNPROTECTED if assessment.verdict in bugs else EXIT_OK
     if decision.action in engine.REFUSALS:
         return EXIT_ERROR  # the import hook will refuse: an error to fix, not a choice made
-    if assessment.verdict is Verdict.AFFECTED and not patched:
+    if assessment.verdict is Verdict.AFFECTED and not patched or assessment.verdict is Verdict.UNREPAIRABLE:
         return EXIT_UNPROTECTED
     return EXIT_OK
 
@@ -136,7 +137,8 @@ def of_environment(hotfix):
 def of_file(hotfix, path):
     """(report dict, assessment, exit status) for one given source file."""
     assessment = detect.assess_source(hotfix, path)
-    return assessment.as_dict(), assessment, EXIT_ERROR if assessment.verdict is Verdict.UNKNOWN else EXIT_OK
+    code = {Verdict.UNKNOWN: EXIT_ERROR, Verdict.UNREPAIRABLE: EXIT_UNPROTECTED}.get(assessment.verdict, EXIT_OK)
+    return assessment.as_dict(), assessment, code
 
 
 class PathProblem(Exception):
@@ -202,6 +204,12 @@ def headline(report):
         return "record %s: SGLang %s already has its fix" % (record, version)
     if verdict == "not-applicable":
         return "record %s: nothing to do: %s" % (record, report["reason"])
+    if verdict == "unrepairable":
+        return "record %s: SGLang %s has its bug, which this hotfix recognises but cannot repair exactly here: %s" % (
+            record,
+            version,
+            report["reason"],
+        )
     return "record %s: the installed code is not recognised, so it is left unpatched: %s" % (record, report["reason"])
 
 
@@ -219,7 +227,7 @@ def overall_headline(reports, code):
             "; ".join("%s: %s" % (r["hotfix"], r["would_patch_reason"]) for r in failing),
         )
     if code == EXIT_UNPROTECTED:
-        open_ = [r for r in reports if r["verdict"] in ("affected", "unknown") and not r["would_patch"]]
+        open_ = [r for r in reports if r["verdict"] in ("affected", "unknown", "unrepairable") and not r["would_patch"]]
         return "NOT PROTECTED: SGLang %s: record %s would run unpatched in a new process: %s" % (
             version,
             names(open_),

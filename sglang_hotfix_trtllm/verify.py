@@ -28,6 +28,12 @@ def verify(hotfix, out, err):
     if assessment.verdict in (Verdict.FIXED, Verdict.NOT_APPLICABLE):
         out("nothing to verify: the hotfix does not patch this SGLang")
         return EXIT_OK
+    if assessment.verdict is Verdict.UNREPAIRABLE:
+        out(
+            "NOT VERIFIED: record %s recognises the bug here but cannot repair it exactly; processes here run "
+            "SGLang's code unpatched" % hotfix.name
+        )
+        return EXIT_MISMATCH
     if assessment.verdict is Verdict.UNKNOWN:
         err("cannot verify: the installed code is not recognised (fingerprint %s)" % assessment.fingerprint)
         return EXIT_ERROR

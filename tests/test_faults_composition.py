@@ -176,9 +176,6 @@ class FlashInferScales:
             for case in fp8_cases.cases(RELEASE).values()
             if case.mode == "decode" and case.scales == "float" and not case.save_kv_cache
         ]
-        # SGLang's scaled_fp8_quant needs CUDA: the record's quantizer is the oracle's CPU stand-in.
-        self.saved_quantizer = pr28144._quantizer
-        pr28144._quantizer = fp8_cases.cpu_scaled_fp8_quant
         oracle = fp8_cases.upstream_module(release_dir, release_selection.release_dir(fp8_cases.FIXED_RELEASE))
         self.expected = {
             "as-alone": [fp8_cases.kernel_calls(oracle, case) for case in self.cases],
@@ -192,7 +189,6 @@ class FlashInferScales:
         return found[0] if found else "other"
 
     def close(self):
-        pr28144._quantizer = self.saved_quantizer
         setattr(self.cls, "forward_extend", self.cls.__dict__["forward_extend"])
 
 
@@ -303,12 +299,7 @@ def test_another_patcher_above_the_hotfix_keeps_it_exact_or_reports_it_gone(reco
     else:  # their own method replaces SGLang's, and the hotfix with it: status says so
         assert not patch.is_patched(record.hotfix, record.cls)
         assert record.outcome() == "unpatched"
-    if record.hotfix.gates and patcher not in CALL_THROUGH:
-        # pr28144's gate sees the kernel called by a method its wrapper no longer covers, and says so once.
-        (warning,) = _warnings(lines)
-        assert "outside the record's wrappers" in warning
-    else:
-        assert _warnings(lines) == []
+    assert _warnings(lines) == []
     # remove(): ours on top is put back; ours under theirs is turned off in place.
     patch.remove_all()
     assert not patch.is_patched(record.hotfix, record.cls)
@@ -464,60 +455,67 @@ def scales():
     target.close()
 
 
-def test_pr28144_remove_puts_the_modules_own_flashinfer_back_and_apply_twice_gates_once(scales, lines):
+def test_pr28144_the_gate_goes_in_at_the_first_call_that_needs_it_and_remove_takes_it_out(scales, lines):
     own = scales.module.flashinfer
     assert engine.handle(scales.hotfix, scales.module) == "patched"
-    gate = scales.module.flashinfer
-    assert type(gate).__name__ == "FlashInferGate" and gate.__dict__["_hotfix_gated"] is own
-    assert engine.handle(scales.hotfix, scales.module) == "already" and scales.module.flashinfer is gate
+    assert scales.module.flashinfer is own  # nothing needed a repair yet
     assert scales.outcome() == "as-alone"
+    gate = scales.module.flashinfer
+    assert type(gate).__name__ == "FlashInferGate" and gate.__wrapped__ is own
+    assert engine.handle(scales.hotfix, scales.module) == "already" and scales.module.flashinfer is gate
+    assert scales.outcome() == "as-alone" and scales.module.flashinfer is gate  # one gate, kept
     patch.remove_all()
     assert scales.module.flashinfer is own and scales.outcome() == "unpatched"
     assert engine.handle(scales.hotfix, scales.module) == "patched"  # again, around the module's own
-    assert scales.module.flashinfer.__dict__["_hotfix_gated"] is own and scales.outcome() == "as-alone"
+    assert scales.outcome() == "as-alone" and scales.module.flashinfer.__wrapped__ is own
     assert _warnings(lines) == []
 
 
-def test_pr28144_a_flashinfer_replaced_after_apply_runs_unrepaired_and_says_so_once(scales, lines):
+def test_pr28144_a_flashinfer_replaced_after_the_gate_went_in_is_gated_again(scales, lines):
+    """Someone else's assignment of the module's ``flashinfer`` (a profiler's object, here the
+    module itself): the next call that needs a repair puts a gate around what is there now, so
+    their object receives upstream's arguments; remove() then leaves what they put, and says
+    nothing false."""
     assert engine.handle(scales.hotfix, scales.module) == "patched"
-    scales.module.flashinfer = scales.module.flashinfer.__dict__["_hotfix_gated"]  # someone else's assignment
-    assert scales.outcome() == "unpatched"  # and nothing raised
-    (warning,) = _warnings(lines)
-    assert "did not pass the gate" in warning and "pr28144" in warning
+    scales.outcome()
+    own = scales.module.flashinfer.__wrapped__
+    scales.module.flashinfer = own  # someone else's assignment
+    assert scales.outcome() == "as-alone" and scales.module.flashinfer.__wrapped__ is own
     patch.remove_all()
-    assert any("not restoring" in message and "flashinfer" in message for message in _warnings(lines))
+    assert scales.module.flashinfer is own and scales.outcome() == "unpatched"
+    assert _warnings(lines) == []
 
 
-def test_pr28144_leaves_sglangs_call_when_the_quantizer_cannot_be_imported(scales, lines):
-    def missing():
-        raise ImportError("simulated: no fp8_kernel")
+def test_pr28144_a_repair_that_cannot_be_computed_leaves_sglangs_call(scales, lines, monkeypatch):
+    def failing(backend, layer, q_scale=1.0):
+        raise RuntimeError("simulated: the scales cannot be read")
 
-    pr28144._quantizer = missing  # scales.close() puts the real one back
+    monkeypatch.setattr(pr28144, "bmm_scales", failing)
     assert engine.handle(scales.hotfix, scales.module) == "patched"
-    quantizing = [i for i, case in enumerate(scales.cases) if case.kv == "fp8" and not case.xqa]
-    now = [fp8_cases.kernel_calls(scales.module, case) for case in scales.cases]
-    assert quantizing and all(now[i] == scales.expected["unpatched"][i] for i in quantizing)
+    assert scales.outcome() == "unpatched"
     (warning,) = _warnings(lines)
-    assert "not repairing a call of" in warning and "ImportError" in warning
+    assert "not repairing a call of" in warning and "simulated: the scales cannot be read" in warning
 
 
-def test_pr28144_a_kernel_that_refuses_upstreams_arguments_gets_sglangs_own_call(scales, lines):
-    """An older FlashInfer than the release pins (a float-only bmm1_scale): the hotfix never raises
-    where SGLang would not; SGLang's own call decides."""
+def test_pr28144_a_kernel_failure_with_upstreams_arguments_propagates_and_is_never_retried(scales, lines):
+    """Item 4 of issue 28: 0.5.0 called the kernel again with the release's arguments when it raised
+    (a transient out-of-memory, say) and returned that: a failure became wrong output."""
     kernel = scales.module.flashinfer.decode.trtllm_batch_decode_with_kv_cache
+    calls = []
 
-    def float_only(**kwargs):
-        if isinstance(kwargs["bmm1_scale"], torch.Tensor):
-            raise TypeError("bmm1_scale: expected a float (simulated older FlashInfer)")
-        return kernel(**kwargs)
+    def out_of_memory(**kwargs):
+        calls.append(kwargs)
+        raise RuntimeError("simulated: CUDA out of memory")
 
-    scales.module.flashinfer.decode.trtllm_batch_decode_with_kv_cache = float_only
-    assert engine.handle(scales.hotfix, scales.module) == "patched"
-    quantizing = [i for i, case in enumerate(scales.cases) if case.kv == "fp8" and not case.xqa]
-    now = [fp8_cases.kernel_calls(scales.module, case) for case in scales.cases]
-    assert quantizing and all(now[i] == scales.expected["unpatched"][i] for i in quantizing)
-    (warning,) = _warnings(lines)
-    assert "not repairing a call of" in warning and "simulated older FlashInfer" in warning
+    scales.module.flashinfer.decode.trtllm_batch_decode_with_kv_cache = out_of_memory
+    try:
+        assert engine.handle(scales.hotfix, scales.module) == "patched"
+        with pytest.raises(RuntimeError, match="simulated: CUDA out of memory"):
+            fp8_cases.kernel_calls(scales.module, scales.cases[0])
+        assert len(calls) == 1 and calls[0]["bmm2_scale"] == 4.0  # upstream's arguments, once
+    finally:
+        scales.module.flashinfer.__wrapped__.decode.trtllm_batch_decode_with_kv_cache = kernel
+    assert _warnings(lines) == []
 
 
 def test_pr28144_after_remove_under_a_patcher_on_one_method_apply_brings_the_repair_back(scales, registry, lines):
@@ -535,7 +533,7 @@ def test_pr28144_the_gate_looks_the_kernel_up_at_each_call_as_sglang_does(scales
     """A kernel replaced while the record is applied (a profiler, a mock) is the one called."""
     assert engine.handle(scales.hotfix, scales.module) == "patched"
     scales.outcome()  # the gate has been used once
-    decode = scales.module.flashinfer.decode.__dict__["_hotfix_gated"]
+    decode = scales.module.flashinfer.decode.__wrapped__
     kernel, seen = decode.trtllm_batch_decode_with_kv_cache, []
 
     def profiled(**kwargs):
@@ -551,28 +549,126 @@ def test_pr28144_the_gate_looks_the_kernel_up_at_each_call_as_sglang_does(scales
 
 def test_pr28144_a_proxy_of_someone_elses_around_the_gate_is_kept_and_the_repair_reported(scales, lines):
     assert engine.handle(scales.hotfix, scales.module) == "patched"
+    scales.outcome()  # the gate is in
     tracer = wrapt.ObjectProxy(scales.module.flashinfer)  # a tracer wraps the module's flashinfer
     scales.module.flashinfer = tracer
     assert patch.is_patched(scales.hotfix, scales.cls) and scales.outcome() == "as-alone"
     assert engine.handle(scales.hotfix, scales.module) == "already" and scales.module.flashinfer is tracer
     patch.remove_all()
     assert scales.module.flashinfer is tracer and scales.outcome() == "unpatched"  # the gate, off, passes through
-    assert not [message for message in _warnings(lines) if "outside the record's wrappers" in message]
+    assert _warnings(lines) == [] or all("not restoring" in m for m in _warnings(lines))
 
 
-def test_pr28144_each_kind_of_skipped_repair_is_said_once(scales, lines):
-    """An expected refusal (XQA target verify's mask, say) must not hide a later bypass."""
-    kernel = scales.module.flashinfer.decode.trtllm_batch_decode_with_kv_cache
+class _PositionalCaller(wrapt.ObjectProxy):
+    """Someone's proxy above the gate whose decode kernel passes the query positionally."""
 
-    def refusing(**kwargs):
-        if isinstance(kwargs["bmm1_scale"], torch.Tensor) or kwargs["bmm2_scale"] != 1.0:
-            raise AssertionError("simulated: Mask is required for speculative decoding")
-        return kernel(**kwargs)
+    @property
+    def decode(self):
+        gated = self.__wrapped__.decode.trtllm_batch_decode_with_kv_cache
+        return types.SimpleNamespace(trtllm_batch_decode_with_kv_cache=lambda query, **kw: gated(query, **kw))
 
-    scales.module.flashinfer.decode.trtllm_batch_decode_with_kv_cache = refusing
+
+def test_pr28144_each_kind_of_skipped_repair_is_said_once(scales, lines, monkeypatch):
+    """Routes the gate cannot repair exactly stand aside with one warning each, and one kind said
+    does not hide another: a positional kernel call, then a repair that cannot be computed."""
     assert engine.handle(scales.hotfix, scales.module) == "patched"
     scales.outcome()
-    scales.cls.forward_decode = scales.original  # another patcher's own method, after the hotfix
-    scales.outcome()
-    kinds = [m for m in _warnings(lines) if "simulated" in m or "outside the record's wrappers" in m]
-    assert len(kinds) == 2, _warnings(lines)
+    gate = scales.module.flashinfer
+    decode = gate.__wrapped__.decode
+    kernel = decode.trtllm_batch_decode_with_kv_cache
+    monkeypatch.setattr(decode, "trtllm_batch_decode_with_kv_cache", lambda query, **kw: kernel(query=query, **kw))
+    scales.module.flashinfer = _PositionalCaller(gate)
+    assert scales.outcome() == "unpatched"
+    assert scales.outcome() == "unpatched"
+    scales.module.flashinfer = gate
+    monkeypatch.setattr(pr28144, "bmm_scales", lambda *a: 1 / 0)
+    assert scales.outcome() == "unpatched"
+    said = [m for m in _warnings(lines) if "not repairing" in m]
+    assert len(said) == 2 and "positional" in said[0] and "ZeroDivisionError" in said[1], _warnings(lines)
+    assert len(_warnings(lines)) == 2
+
+
+# --------------------------------------------------------------------------
+# Routes to the kernel that pass through the gate's names (issue 28, item 5)
+
+
+def _fp8_decode_case(scales):
+    return next(c for c in scales.cases if c.kv == "fp8")
+
+
+def test_pr28144_mock_patch_of_the_kernel_through_the_backends_name_gets_upstreams_arguments(scales, lines):
+    """``mock.patch("<backend>.flashinfer.decode.<kernel>")`` patches FlashInfer's own submodule,
+    as without the hotfix, and the mock receives upstream's arguments (0.5.0: the release's,
+    bmm2 1.0, since the mock landed on the gate itself); leaving the context puts FlashInfer's
+    own kernel back."""
+    from unittest import mock
+
+    assert engine.handle(scales.hotfix, scales.module) == "patched"
+    scales.outcome()  # the gate is in
+    decode = scales.module.flashinfer.__wrapped__.decode
+    kernel = decode.trtllm_batch_decode_with_kv_cache
+    sys.modules[ALIAS] = scales.module
+    try:
+        with mock.patch(ALIAS + ".flashinfer.decode.trtllm_batch_decode_with_kv_cache", wraps=kernel) as seen:
+            fp8_cases.kernel_calls(scales.module, _fp8_decode_case(scales))
+    finally:
+        sys.modules.pop(ALIAS, None)
+    assert seen.call_args.kwargs["bmm2_scale"] == 4.0 and seen.call_args.kwargs["bmm1_scale"] == 0.5 * 8**-0.5
+    assert decode.trtllm_batch_decode_with_kv_cache is kernel
+    assert _warnings(lines) == []
+
+
+@pytest.mark.parametrize("kind", ["BEFORE", "AFTER", "AROUND", "REPLACE"])
+@pytest.mark.parametrize("armed_first", [True, False])
+def test_pr28144_hook_registry_hooks_on_the_kernel_see_upstreams_arguments(scales, registry, lines, kind, armed_first):
+    """SGLang's HookRegistry on the kernel, through the backend's name: the hook wraps what the name
+    holds, and the kernel call that reaches it (and FlashInfer's kernel) carries upstream's arguments,
+    whether the gate went in before the hook or after."""
+    assert engine.handle(scales.hotfix, scales.module) == "patched"
+    if armed_first:
+        scales.outcome()
+    decode = (getattr(scales.module.flashinfer, "__wrapped__", scales.module.flashinfer)).decode
+    kernel = decode.trtllm_batch_decode_with_kv_cache
+    seen = []
+    hook = {
+        "BEFORE": lambda *args, **kwargs: seen.append(kwargs),
+        "AFTER": lambda result, *args, **kwargs: seen.append(kwargs),
+        "AROUND": lambda original, *args, **kwargs: seen.append(kwargs) or original(*args, **kwargs),
+        "REPLACE": lambda *args, **kwargs: seen.append(kwargs) or kernel(*args, **kwargs),
+    }[kind]
+    sys.modules[ALIAS] = scales.module
+    registry.HookRegistry.register(
+        ALIAS + ".flashinfer.decode.trtllm_batch_decode_with_kv_cache", hook, registry.HookType[kind]
+    )
+    registry.HookRegistry.apply_hooks()
+    try:
+        assert scales.outcome() == "as-alone"
+        scaling = fp8_cases.HEAD_DIM**-0.5
+        upstream = [(1.0 * 0.5 * scaling, 4.0) if c.kv == "fp8" else (scaling, 1.0) for c in scales.cases]
+        assert [(kwargs["bmm1_scale"], kwargs["bmm2_scale"]) for kwargs in seen] == upstream
+    finally:
+        decode.trtllm_batch_decode_with_kv_cache = kernel
+    assert _warnings(lines) == []
+
+
+def test_pr28144_the_gate_passes_for_the_module_it_stands_for():
+    """isinstance, inspect.ismodule, dir(), __doc__, __name__, __spec__, copy and pickle behave on
+    the gate as on the module (0.5.0: isinstance False, RecursionError from copy.copy, ...)."""
+    import copy
+    import importlib.machinery
+    import inspect
+    import pickle
+
+    module = types.ModuleType("flashinfer", "FlashInfer, as a module")
+    module.__spec__ = importlib.machinery.ModuleSpec("flashinfer", None)
+    module.decode = types.ModuleType("flashinfer.decode")
+    gate = pr28144.make_gate(None, module)
+    assert isinstance(gate, types.ModuleType) and inspect.ismodule(gate)
+    assert set(dir(module)) <= set(dir(gate)) and {"__name__", "__spec__", "__loader__"} <= set(dir(gate))
+    assert (gate.__doc__, gate.__name__, gate.__spec__) == (module.__doc__, module.__name__, module.__spec__)
+    for action in (copy.copy, copy.deepcopy, pickle.dumps):
+        with pytest.raises(TypeError) as on_module:
+            action(module)
+        with pytest.raises(TypeError) as on_gate:
+            action(gate)
+        assert str(on_gate.value) == str(on_module.value)

@@ -34,7 +34,7 @@ record's own ``classify(ast.parse(text))``. For each one called ``affected``:
   applies it (``detect.assess_module``, ``patch.wrap``, the record's quantizer
   the oracle's CPU stand-in), and what FlashInfer's kernels and the KV writes
   receive (``fp8_cases.kernel_calls``) must equal, or raise the same error as,
-  the mutant with PR #28144 applied from 0.5.14's file
+  the mutant with upstream's fix (PR #28144 as revised by #29423) applied from 0.5.15's file
   (``fp8_cases.upstream_module``), in every case of ``fp8_cases.cases`` with a
   float or a tensor layer scale (both KV dtypes, XQA both ways where the
   release has it, the KV write both ways, decode, extend and target verify).
@@ -51,7 +51,7 @@ the generator made at least as many mutants as measured, and lists every
 mutant that breaks the rule, with its id and the mutated statement.
 
 Releases: the installed SGLang (0.5.12) always; the other code variants
-(pr26521: 0.5.1, 0.5.3; pr25103: 0.5.9; pr28144: 0.5.9) unless
+(pr26521: 0.5.1, 0.5.3; pr25103: 0.5.9; pr28144: 0.5.1, 0.5.9) unless
 ``SGLANG_HOTFIX_RELEASES`` is ``quick`` (a comma-separated list picks among them).
 """
 
@@ -129,11 +129,11 @@ RECORDS = {
             "q_fp8": "q = q.to(torch.float8_e4m3fn)",
             "v_scale_one": "layer.v_scale_float = 1.0",
         },
-        variants=("0.5.9",),
+        variants=("0.5.1", "0.5.9"),
     ),
 }
 # Mutants the generator makes, measured (pr26521: 363 on 0.5.12, 310 on 0.5.1 and
-# 0.5.3; pr25103: 403 on 0.5.12, 331 on 0.5.9; pr28144: 645 on 0.5.12, 636 on 0.5.9),
+# 0.5.3; pr25103: 403 on 0.5.12, 331 on 0.5.9; pr28144: 645 on 0.5.12, 636 on 0.5.9, 320 on 0.5.1),
 # less a little: a generator that silently stops mutating fails here.
 FLOORS = {
     ("pr26521", INSTALLED): 350,
@@ -143,6 +143,7 @@ FLOORS = {
     ("pr25103", "0.5.9"): 320,
     ("pr28144", INSTALLED): 630,
     ("pr28144", "0.5.9"): 620,
+    ("pr28144", "0.5.1"): 310,
 }
 
 
@@ -488,11 +489,9 @@ class ScaleRepair:
     """Compiles a mutated file as ``fp8_cases`` compiles a release (in a folder named after the
     release, with that release's other files), applies the record as the differential of
     ``test_pr28144_differential`` does, and compares what FlashInfer's kernels receive with the
-    oracle: the same mutant with PR #28144 applied from 0.5.14's file (``fp8_cases.upstream_module``)."""
+    oracle: the same mutant with upstream's fix applied from 0.5.15's file (``fp8_cases.upstream_module``)."""
 
     def __init__(self, release, source_root, tmp, monkeypatch):
-        # SGLang's scaled_fp8_quant does not run on CPU: the record's quantizer is the oracle's CPU stand-in.
-        monkeypatch.setattr(pr28144, "_quantizer", fp8_cases.cpu_scaled_fp8_quant)
         # The oracle's module logs each tensor scale it ignores, once per module: one per mutant.
         monkeypatch.setattr(logging.getLogger(fp8_cases.MODULE_NAME), "disabled", True)
         # The release's ForwardMode, loaded once (each mutant's module and its oracle ask for it).

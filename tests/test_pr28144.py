@@ -26,9 +26,8 @@ BACKEND = "sglang/srt/layers/attention/trtllm_mha_backend.py"
 
 
 def expected_verdict(release):
-    """From the sources and the FlashInfer each release pins (see the record's docstring)."""
-    if Version(release) < Version("0.5.6"):
-        return Verdict.UNKNOWN  # the bug, on a FlashInfer that cannot take upstream's tensor bmm1_scale
+    """From the sources (REFERENCE.md): the bug from 0.5.1 to 0.5.13.post1, every pinned FlashInfer
+    taking the float scales of upstream's revised fix; 0.5.14 on, fixed."""
     return Verdict.AFFECTED if Version(release) < Version("0.5.14") else Verdict.FIXED
 
 
@@ -131,6 +130,13 @@ def _earlier_definition_kept_callable(tree):
     cls.body.insert(index, ast.parse(ast.unparse(live)).body[0])
 
 
+def _import_adding(statement):
+    def edit(tree):
+        tree.body.insert(0, ast.parse(statement).body[0])
+
+    return edit
+
+
 def _helper_changed(tree):
     _method(tree, "_should_use_fused_fp8_path").body.insert(0, ast.parse("k = k").body[0])
 
@@ -145,6 +151,16 @@ VARIANTS_OF_AFFECTED = {
     "flashinfer_rebound": _rebinding_flashinfer,
     "flashinfer_imported_under_another_name": _aliased_import,
     "flashinfer_imported_twice": _a_second_flashinfer_import,
+    # Kernels bound by alias: a route the gate cannot see (issue 28, item 5).
+    "a_kernel_imported_by_alias": _import_adding(
+        "from flashinfer.decode import trtllm_batch_decode_with_kv_cache as k"
+    ),
+    "a_kernel_imported_by_its_name": _import_adding(
+        "from flashinfer.prefill import trtllm_batch_context_with_kv_cache"
+    ),
+    "a_kernel_submodule_imported": _import_adding("from flashinfer import decode"),
+    "a_kernel_submodule_imported_as": _import_adding("import flashinfer.decode as fd"),
+    "a_star_import_of_a_kernel_submodule": _import_adding("from flashinfer.decode import *"),
 }
 
 

@@ -2,8 +2,10 @@
 
 Differential, on CPU: every affected release's own ``forward_decode`` / ``forward_extend``
 (``fp8_cases``: compiled from the release's file, FlashInfer's kernels and the fused FP8 KV
-write recorded) against the oracle, the same release with PR #28144 applied by AST from
-0.5.14's file. What the kernels receive is compared exactly:
+write recorded) against the oracle, the same release with upstream's fix (PR #28144 as PR
+#29423 revised it) applied by AST from 0.5.15's file. What the kernels receive is compared
+exactly, every tensor in dtype, shape, strides, storage offset and values, with packed and
+strided (``qkv.split``) queries:
 
 * unpatched and oracle differ on exactly the cases where the bug bites, an expectation worked
   out from each case's data (so the comparison can fail, and does where it should);
@@ -27,7 +29,7 @@ TABLE = release_selection.table(HOTFIX)
 # The releases the record patches, from its shipped table (see the first test).
 AFFECTED = sorted((r for r, row in TABLE.items() if row["verdict"] == "affected"), key=Version)
 # One release per (forward_decode, forward_extend) variant pair.
-QUICK = ("0.5.6", "0.5.8", "0.5.9", "0.5.10", "0.5.12", "0.5.13")
+QUICK = ("0.5.1", "0.5.5", "0.5.6", "0.5.8", "0.5.9", "0.5.10", "0.5.12", "0.5.13")
 RELEASES = release_selection.selected(AFFECTED, QUICK)
 KERNELS = {
     "decode": "decode.trtllm_batch_decode_with_kv_cache",
@@ -58,17 +60,16 @@ def upstream_scale(case, which):
 
 
 def bug_bites(case):
-    """Whether the release passes the kernel something PR #28144 changes.
+    """Whether the release passes the kernel something upstream's fix changes.
 
     BF16 cache: the release multiplies the logits by the layer's K scale, which the cache does
-    not hold (the fix: ``layer.scaling`` alone). FP8 cache: the release casts Q to FP8 without a
-    scale everywhere but XQA decode (the fix quantizes Q with a scale, or keeps XQA's BF16 Q),
-    passes ``bmm2_scale = 1`` whatever the V scale, and multiplies by a zero or negative K scale
-    the fix replaces by 1."""
+    not hold (the fix: ``layer.scaling`` alone). FP8 cache: the release passes ``bmm2_scale = 1``
+    whatever the V scale and multiplies by a zero or negative K scale the fix replaces by 1; and
+    it casts Q to FP8 in XQA target verify, where 0.5.15 keeps BF16 Q."""
     if case.kv == "bf16":
         return release_k_scale(case) != 1.0
-    casts_q = not (case.xqa and case.mode == "decode")
-    return casts_q or upstream_scale(case, "v") != 1.0 or upstream_scale(case, "k") != release_k_scale(case)
+    verify_on_xqa = case.xqa and case.mode == "target_verify"
+    return verify_on_xqa or upstream_scale(case, "v") != 1.0 or upstream_scale(case, "k") != release_k_scale(case)
 
 
 # --------------------------------------------------------------------------
@@ -110,11 +111,12 @@ def first_difference(a, b):
 # Tests
 
 
-def test_the_records_affected_releases_are_0_5_6_to_0_5_13_post1():
-    """REFERENCE.md: 0.5.1 to 0.5.13.post1 have the bug, 0.5.14 is fixed; the record refuses
-    0.5.1 to 0.5.5.post3, whose pinned FlashInfer cannot take upstream's tensor scale."""
-    in_range = [r for r in TABLE if Version("0.5.6") <= Version(r) < Version("0.5.14")]
-    assert len(AFFECTED) == 14 and AFFECTED == sorted(in_range, key=Version)
+def test_the_records_affected_releases_are_0_5_1_to_0_5_13_post1():
+    """REFERENCE.md: 0.5.1 to 0.5.13.post1 have the bug, 0.5.14 is fixed. Upstream's revised fix
+    passes Python floats, which every pinned FlashInfer takes: every release with the bug is
+    repaired (0.5.0 refused 0.5.1 to 0.5.5.post3)."""
+    in_range = [r for r in TABLE if Version("0.5.1") <= Version(r) < Version("0.5.14")]
+    assert len(AFFECTED) == 31 and AFFECTED == sorted(in_range, key=Version)
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -146,10 +148,7 @@ def test_harness_can_fail_on_the_fp8_v_scale(release):
 
 
 @pytest.mark.parametrize("release", RELEASES)
-def test_patched_release_equals_the_oracle_on_every_case(release, monkeypatch):
-    # SGLang's scaled_fp8_quant does not run on CPU (its non-ROCm body calls sgl_kernel): the record's
-    # quantizer is the same CPU stand-in the oracle's module global is.
-    monkeypatch.setattr(pr28144, "_quantizer", fp8_cases.cpu_scaled_fp8_quant)
+def test_patched_release_equals_the_oracle_on_every_case(release):
     module = fp8_cases.load_backend_module(release_selection.release_dir(release))
     assessment = detect.assess_module(HOTFIX, module)
     assert assessment.verdict.value == "affected", assessment.reason
@@ -164,3 +163,41 @@ def test_patched_release_equals_the_oracle_on_every_case(release, monkeypatch):
     finally:
         patch.remove_all()
     assert mismatches == {}
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_strided_query_reaches_the_kernel_as_the_release_passes_it(release):
+    """0.5.0's gate re-made the query (``q.reshape(query.shape)`` of the method's q): on 0.5.10,
+    whose ``.contiguous().view`` packs a strided q, XQA then read a strided view as packed rows.
+    Where the query needs no repair the kernel gets SGLang's own, layout included: the
+    differential above compares strides, and this names the cases that would show it."""
+    cases = release_cases(release)
+    strided = [n for n, c in cases.items() if c.layout == "strided" and not (c.xqa and c.mode == "target_verify")]
+    assert strided
+    for name in strided:
+        (kernel_call,) = [args for call, args in oracle_calls(release)[name] if call.endswith("_with_kv_cache")]
+        unpatched = [args for call, args in unpatched_calls(release)[name] if call.endswith("_with_kv_cache")]
+        assert kernel_call["query"] == unpatched[0]["query"], name
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_calls_that_need_no_repair_leave_the_module_as_it_is(release):
+    """BF16 cache without K scales (and with 1.0): upstream's arguments are the release's, so the
+    wrapper calls SGLang's method and nothing else: no gate in the module's globals, the kernel
+    called with SGLang's own query object."""
+    module = fp8_cases.load_backend_module(release_selection.release_dir(release))
+    own = module.flashinfer
+    assessment = detect.assess_module(HOTFIX, module)
+    cases = {n: c for n, c in release_cases(release).items() if c.kv == "bf16" and c.scales in ("absent", "one")}
+    try:
+        patch.wrap(HOTFIX, module, assessment)
+        for name, case in cases.items():
+            assert fp8_cases.kernel_calls(module, case) == unpatched_calls(release)[name], name
+            assert module.flashinfer is own, name
+        assert patch.is_patched(HOTFIX, module.TRTLLMHAAttnBackend)
+        fp8 = next(c for c in release_cases(release).values() if c.kv == "fp8")
+        fp8_cases.kernel_calls(module, fp8)  # the first call that needs a repair arms the gate
+        assert module.flashinfer is not own and module.flashinfer.__wrapped__ is own
+    finally:
+        patch.remove_all()
+    assert module.flashinfer is own

@@ -47,3 +47,24 @@ def test_a_toy_module_that_has_the_fix_is_left_alone(scenario, toy_module):
     assert r["patched_value"] == 42 and r["wrapper_type"] == "function" and r["records"] == []
     assert r["verdict"] == "fixed" and r["exit"] == 0
     assert any("upstream already has the fix" in line for line in ran.hotfix_lines())
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_recognised_bug_the_record_cannot_repair_is_said_as_such_never_as_not_recognised(
+    scenario, toy_module, strict
+):
+    """Issue 28, item 3: a bug the record recognises but cannot repair exactly has its own verdict:
+    the log line and status name it and why (the release that fixes it), exit 1 (NOT PROTECTED),
+    never "not recognised" / exit 2; strict mode (for code not recognised) lets the import go on."""
+    env = env_for(toy_module(toy_record.UNREPAIRABLE))
+    if strict:
+        env["SGLANG_HOTFIX_TRTLLM_STRICT"] = "1"
+    ran = scenario("toy_record", env=env)
+    assert ran.returncode == 0, ran  # the import went on, in strict mode too
+    r = ran.result
+    assert r["verdict"] == "unrepairable" and r["would_patch"] is False and r["records"] == []
+    assert r["patched_value"] == 40 and r["exit"] == 1
+    assert r["headline"].startswith("NOT PROTECTED:") and "toy1" in r["headline"]
+    assert toy_record.UNREPAIRABLE_REASON in r["headline"] and "not recognised" not in r["headline"]
+    (line,) = [line for line in ran.hotfix_lines("toy1") if "toy_pkg" in line]
+    assert "WARNING" in line and "recognises but cannot repair exactly here" in line and "toy 2.0" in line

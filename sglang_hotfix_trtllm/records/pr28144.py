@@ -1,59 +1,57 @@
-"""The hotfix record for SGLang PR #28144: the TRT-LLM MHA backend passes
-FlashInfer the FP8 KV cache's scales.
+"""The hotfix record for SGLang PR #28144, as upstream revised it in PR #29423: the TRT-LLM MHA
+backend passes FlashInfer the FP8 KV cache's scales.
 
-Standard library only at import; torch and SGLang's FP8 quantizer are reached
-at call time, from the process that already runs them.
+Standard library only at import; torch is reached at call time, from the process that already
+runs it.
 
-The bug (SGLang 0.5.1 to 0.5.13.post1): ``forward_decode`` and
-``forward_extend`` call FlashInfer's TRT-LLM kernels with::
+The bug (SGLang 0.5.1 to 0.5.13.post1): ``forward_decode`` and ``forward_extend`` call
+FlashInfer's TRT-LLM kernels with::
 
     q_scale = 1.0
     k_scale = layer.k_scale_float if getattr(layer, "k_scale_float", None) is not None else 1.0
     bmm1_scale = q_scale * k_scale * layer.scaling
     bmm2_scale = 1.0
 
-An FP8 KV cache stores V divided by its scale, so ``bmm2_scale = 1.0`` leaves
-the output scaled wrong; where Q is cast to FP8 it is cast without a scale; and
-a checkpoint's K scale multiplies the logits even when the cache is BF16 (the
-cache then holds K unscaled).
+An FP8 KV cache stores V divided by its scale, so ``bmm2_scale = 1.0`` leaves the output scaled
+wrong, and a checkpoint's K scale multiplies the logits even when the cache is BF16 (the cache
+then holds K unscaled).
 
-Upstream's fix, as SGLang 0.5.14 ships it (PR #28144, cherry-picked as
-#29245): three helpers, ``_get_scalar_scale``, ``_get_bmm_scales`` and
-``_maybe_quantize_q``, replace the FP8 cast and the four statements above:
-``q, q_scale = self._maybe_quantize_q(q[, force_fp8=not target_verify])`` and
-``bmm1_scale, bmm2_scale = self._get_bmm_scales(layer, q_scale)``. For an FP8
-cache, Q is quantized with a dynamic per-tensor scale where the TRT-LLM-GEN
-kernel needs FP8 Q (XQA decode, and XQA target verify, keep BF16 Q), bmm1 is
-``q_scale * k_scale * layer.scaling`` (a float32 tensor when Q was quantized)
-and bmm2 is ``v_scale``; for any other cache, bmm1 is ``layer.scaling`` and
-bmm2 is 1.
+Which upstream state this record reproduces: the newest, what an upgrade gives. SGLang 0.5.14
+(PR #28144) quantized Q with a dynamic per-tensor scale and passed a float32 tensor
+``bmm1_scale``; 0.5.15 (PR #29423, "Avoid dynamic Q quantization in trtllm_mha", unchanged up to
+0.5.23) went back to ``q_scale = 1.0`` and the plain FP8 cast of Q, and keeps of #28144 the
+scales as Python floats: ``bmm1_scale, bmm2_scale = self._get_bmm_scales(layer, q_scale)``, which
+is ``(q_scale * k_scale * layer.scaling, v_scale)`` for an FP8 cache and ``(layer.scaling, 1)``
+for any other. Its one change to Q: target verify on XQA keeps BF16 Q
+(``not self.is_xqa_impl or not forward_batch.forward_mode.is_target_verify()``), where 0.5.10 to
+0.5.13.post1 cast it. Floats are what every pinned FlashInfer takes, so every release with the
+bug is repaired, 0.5.1 to 0.5.5.post3 included (their FlashInfer takes no tensor scale).
 
-The repair cannot change what SGLang's method computes without replacing its
-body, so it changes what reaches the kernel, and only that: the wrapper of
-each method notes the call (the backend, the layer, the query *before* SGLang
-casts it, the forward batch) for the duration of the call; the module's global
-``flashinfer`` is, while the hotfix is applied, a gate (``FlashInferGate``)
-through which the module reaches FlashInfer. The gate passes every attribute
-through, except the two kernels: a kernel call made inside a wrapped call gets
-the query, ``bmm1_scale`` and ``bmm2_scale`` 0.5.14 would pass for the same
-inputs, computed from the noted call exactly as 0.5.14's helpers compute them;
-every other argument is SGLang's own. Outside a wrapped call (any other
-caller of the module's ``flashinfer``) the gate passes the call through.
+What the kernel receives, exactly: ``bmm1_scale`` and ``bmm2_scale`` as 0.5.15 computes them; the
+query SGLang's own object, except on XQA target verify with an FP8 cache (0.5.10 to 0.5.13.post1),
+where it is the method's BF16 ``q`` shaped by the release's own statement (``.contiguous().view``
+in 0.5.10.x, ``.reshape`` from 0.5.11): upstream's operations on upstream's starting object, so
+dtype, shape, strides and storage offset are upstream's (FlashInfer's XQA reads only
+``q.data_ptr()``: a layout is part of the value). Every other argument is SGLang's own object.
 
-Releases up to 0.5.9 never set ``is_xqa_impl`` (SGLang's XQA path arrived in
-0.5.10): there its absence reads as "not XQA", as those releases' own FP8
-cast does (they cast Q for every kernel).
+How, without replacing SGLang's method body: the wrapper of each method first asks whether
+upstream's arguments could differ from the release's for this call (``needs_repair``: an FP8
+cache, or a K scale other than None and 1.0). When not (every BF16 user without checkpoint K
+scales), it calls SGLang's method and nothing else: no gate, no context variable. When so, it
+notes the call for the gate, and puts the gate in the module's global ``flashinfer`` if it is not
+there yet (``patch.arm_gates``): ``FlashInferGate`` passes FlashInfer through, but for the two
+kernels, whose call inside a noted call gets upstream's arguments. A kernel call without a noted
+call (a call that needs no repair, any other caller) passes through untouched. Once the kernel is
+called with upstream's arguments, whatever it raises propagates, as upstream's call would.
 
-``classify`` accepts a source as ``affected`` only when the live
-``forward_decode`` and ``forward_extend`` are, as a pair, exactly the code of
-an affected release whose pinned FlashInfer takes a tensor ``bmm1_scale``
-(0.5.6 to 0.5.13.post1, FlashInfer 0.5.3 and later), the module binds
-``flashinfer`` once, by ``import flashinfer``, and no other code of the module
-names the two kernels. Releases 0.5.1 to 0.5.5.post3 have the bug, but the
-FlashInfer they pin cannot take upstream's tensor scale (0.2.x to 0.4.0rc3
-take a float only; 0.4.0 to 0.5.2 turn a tensor into a host sync, which a
-CUDA-graph capture forbids): ``unknown``, never patched. ``fixed``: both live
-methods take their scales from a ``_get_bmm_scales`` of a known fingerprint.
+Releases up to 0.5.9 never set ``is_xqa_impl`` (SGLang's XQA path arrived in 0.5.10): there its
+absence reads as "not XQA", as those releases' own FP8 cast does.
+
+``classify`` accepts a source as ``affected`` only when the live ``forward_decode`` and
+``forward_extend`` are, as a pair, exactly the code of an affected release, the module binds
+``flashinfer`` once, by ``import flashinfer``, and no other code of the module reaches
+FlashInfer's kernels (by name, attribute, alias import or string). ``fixed``: both live methods
+take their scales from a ``_get_bmm_scales`` of a known fingerprint (0.5.14 on).
 """
 
 import ast
@@ -71,20 +69,46 @@ METHODS = ("forward_decode", "forward_extend")
 GATED_GLOBAL = "flashinfer"
 # FlashInfer's kernels as the backend reaches them: flashinfer.<submodule>.<function>.
 KERNELS = {"decode": "trtllm_batch_decode_with_kv_cache", "prefill": "trtllm_batch_context_with_kv_cache"}
-QUANTIZER_MODULE = "sglang.srt.layers.quantization.fp8_kernel"  # where 0.5.14 imports scaled_fp8_quant from
+UPSTREAM = "SGLang 0.5.15 (PR #28144 as revised by PR #29423)"
 
 
 # --------------------------------------------------------------------------
-# The repair: 0.5.14's helpers, as functions of the noted call
+# Does this call need a repair? (asked on every call: attribute reads only)
+
+_fp8 = None  # torch.float8_e4m3fn, looked up at the first call (torch is imported by then)
+
+
+def _fp8_dtype():
+    global _fp8
+    import torch
+
+    _fp8 = torch.float8_e4m3fn
+    return _fp8
+
+
+def needs_repair(backend, layer):
+    """False only where upstream's arguments are provably the release's: a KV cache that is not
+    FP8 and a layer whose ``k_scale_float`` is None or 1.0 (then the release's
+    ``1.0 * 1.0 * layer.scaling`` and ``bmm2_scale = 1.0`` are 0.5.15's ``layer.scaling`` and 1,
+    and the query is untouched). May say True where nothing differs, never the reverse."""
+    if getattr(backend, "data_type", None) is (_fp8 or _fp8_dtype()):
+        return True
+    k_scale = getattr(layer, "k_scale_float", None)
+    return not (k_scale is None or (k_scale.__class__ is float and k_scale == 1.0))
+
+
+# --------------------------------------------------------------------------
+# The repair: 0.5.15's helpers, as functions of the noted call
 
 
 class Call:
-    """One wrapped call of ``forward_decode`` or ``forward_extend``, as the gate needs it."""
+    """One wrapped call that needs a repair, as the gate needs it."""
 
-    __slots__ = ("method", "backend", "q", "layer", "forward_batch", "used")
+    __slots__ = ("function", "method", "backend", "q", "layer", "forward_batch", "used")
 
-    def __init__(self, method, backend, q, layer, forward_batch):
-        self.method, self.backend, self.q, self.layer, self.forward_batch = method, backend, q, layer, forward_batch
+    def __init__(self, function, backend, q, layer, forward_batch):
+        self.function, self.method = function, function.__name__  # SGLang's method, as wrapt calls it
+        self.backend, self.q, self.layer, self.forward_batch = backend, q, layer, forward_batch
         self.used = False  # one kernel call per method call: a second one passes through
 
 
@@ -97,7 +121,7 @@ def _arguments(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs
 
 
 def scalar_scale(layer, float_attr, scale_attr):
-    """0.5.14's ``_get_scalar_scale``: the layer's scale as a positive Python float, else 1.0."""
+    """0.5.15's ``_get_scalar_scale``: the layer's scale as a positive Python float, else 1.0."""
     import torch
 
     scale = getattr(layer, float_attr, None)
@@ -108,7 +132,7 @@ def scalar_scale(layer, float_attr, scale_attr):
     if isinstance(scale, torch.Tensor):
         logs.say(
             logging.WARNING,
-            "%s: ignoring tensor %s for the TRT-LLM MHA FP8 KV cache scale, as SGLang 0.5.14 does: "
+            "%s: ignoring tensor %s for the TRT-LLM MHA FP8 KV cache scale, as SGLang 0.5.15 does: "
             "expected %s to be populated with a Python scalar",
             HOTFIX.name,
             scale_attr,
@@ -120,68 +144,76 @@ def scalar_scale(layer, float_attr, scale_attr):
     return scale if scale > 0.0 else 1.0
 
 
-def bmm_scales(backend, layer, q_scale):
-    """0.5.14's ``_get_bmm_scales``: (bmm1_scale, bmm2_scale)."""
-    import torch
-
-    if backend.data_type != torch.float8_e4m3fn:
+def bmm_scales(backend, layer, q_scale=1.0):
+    """0.5.15's ``_get_bmm_scales(layer, q_scale)`` with its ``q_scale = 1.0``: (bmm1, bmm2)."""
+    if backend.data_type != (_fp8 or _fp8_dtype()):
         return layer.scaling, 1.0
     k_scale = scalar_scale(layer, "k_scale_float", "k_scale")
     v_scale = scalar_scale(layer, "v_scale_float", "v_scale")
     return q_scale * k_scale * layer.scaling, v_scale
 
 
-def maybe_quantize_q(backend, q, force_fp8=False):
-    """0.5.14's ``_maybe_quantize_q``: (query, q_scale). ``is_xqa_impl`` absent (releases
-    up to 0.5.9) reads as False."""
-    import torch
+def keeps_bf16_query(call):
+    """0.5.15 casts Q to FP8 in ``forward_extend`` only ``if not self.is_xqa_impl or not
+    forward_batch.forward_mode.is_target_verify()``; 0.5.10 to 0.5.13.post1 always do. True
+    where upstream passes the kernel the un-cast query and the release a cast one.
+    (``forward_decode``'s cast is 0.5.15's already; ``is_xqa_impl`` absent reads as False.)"""
+    return (
+        call.method == "forward_extend"
+        and call.backend.data_type == (_fp8 or _fp8_dtype())
+        and bool(getattr(call.backend, "is_xqa_impl", False))
+        and bool(call.forward_batch.forward_mode.is_target_verify())
+    )
 
-    if backend.data_type != torch.float8_e4m3fn:
-        return q, 1.0
-    if getattr(backend, "is_xqa_impl", False) and not force_fp8:
-        return q, 1.0
-    scaled_fp8_quant = _quantizer()
-    q_2d, q_scale = scaled_fp8_quant(q.reshape(-1, q.shape[-1]).contiguous(), None)
-    return q_2d.reshape(q.shape), q_scale
+
+def shaped_as_the_release_does(function, q, layer):
+    """``q`` shaped by the release's own statement: ``q.reshape(-1, H, D)`` in 0.5.11 on (PR
+    #22517), ``q.contiguous().view(-1, H, D)`` before. Which one: the live method's names
+    (``classify`` pinned it to a known release's code, and only those two shapes exist there)."""
+    if "reshape" in function.__code__.co_names:
+        return q.reshape(-1, layer.tp_q_head_num, layer.head_dim)
+    return q.contiguous().view(-1, layer.tp_q_head_num, layer.head_dim)
+
+
+def upstream_arguments(call, kwargs):
+    """The kernel's keyword arguments as 0.5.15's code passes them for the noted call: SGLang's
+    own objects, with the two scales (and, on XQA target verify, the query) upstream gives."""
+    bmm1_scale, bmm2_scale = bmm_scales(call.backend, call.layer)
+    repaired = dict(kwargs, bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale)
+    if keeps_bf16_query(call):
+        query = shaped_as_the_release_does(call.function, call.q, call.layer)
+        if query.shape != kwargs["query"].shape:  # not the query this call prepared
+            raise ValueError(
+                "the kernel's query is %s, upstream's %s" % (tuple(kwargs["query"].shape), tuple(query.shape))
+            )
+        repaired["query"] = query
+    return repaired
 
 
 def _target(method):
     return "%s.%s.%s" % (HOTFIX.module, CLASS_NAME, method)
 
 
-def _quantizer():
-    import importlib
-
-    return importlib.import_module(QUANTIZER_MODULE).scaled_fp8_quant
-
-
-def upstream_arguments(call, kwargs):
-    """The kernel's keyword arguments as 0.5.14 passes them for the noted call:
-    SGLang's own, with the query and the two scales upstream's helpers give."""
-    if call.method == "forward_extend":
-        force_fp8 = not call.forward_batch.forward_mode.is_target_verify()
-    else:
-        force_fp8 = False
-    q, q_scale = maybe_quantize_q(call.backend, call.q, force_fp8=force_fp8)
-    bmm1_scale, bmm2_scale = bmm_scales(call.backend, call.layer, q_scale)
-    query = kwargs["query"]
-    if q.numel() != query.numel():  # not the query this call prepared: leave the call alone
-        raise ValueError("the kernel's query has %d elements, the method's q %d" % (query.numel(), q.numel()))
-    # 0.5.14 reshapes the (quantized) q as the release reshapes its q: same shape, same values.
-    return dict(kwargs, query=q.reshape(query.shape), bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale)
-
-
 def note_the_call(module, wrapped, instance, args, kwargs):
-    """wrapt wrapper of ``forward_decode`` and ``forward_extend``: SGLang's method runs
-    unchanged, with the call noted for the gate until it returns. A call the method
-    rejects raises SGLang's own error (binding here fails quietly first)."""
+    """wrapt wrapper of ``forward_decode`` and ``forward_extend``. A call that needs no repair
+    runs SGLang's method and nothing else. One that does is noted for the gate until it
+    returns. A call the method rejects raises SGLang's own error (binding here fails quietly)."""
+    if instance is not None and len(args) > 3 and not needs_repair(instance, args[3]):
+        return wrapped(*args, **kwargs)  # SGLang's positional call (RadixAttention -> forward)
     try:
         backend, q, layer, forward_batch = (
             _arguments(*args, **kwargs) if instance is None else _arguments(instance, *args, **kwargs)
         )
-    except TypeError:
-        return wrapped(*args, **kwargs)  # SGLang's method raises its own TypeError
-    call = Call(wrapped.__name__, backend, q, layer, forward_batch)
+        needed = needs_repair(backend, layer)
+    except Exception:
+        return wrapped(*args, **kwargs)  # SGLang's method raises its own error, or runs as it would
+    if not needed:
+        return wrapped(*args, **kwargs)
+    method = wrapped.__name__
+    if not _gate_in_place(module):
+        logs.repair_skipped(_target(method), HOTFIX.name, LookupError(_no_gate_reason(module)), kind="no-gate")
+        return wrapped(*args, **kwargs)
+    call = Call(wrapped, backend, q, layer, forward_batch)
     token = _current_call.set(call)
     try:
         result = wrapped(*args, **kwargs)
@@ -190,11 +222,28 @@ def note_the_call(module, wrapped, instance, args, kwargs):
     if not call.used:
         # Every release this record accepts calls one kernel per call, through the module's
         # ``flashinfer``: a call that returned without passing the gate reached the kernel some
-        # other way (the global replaced after the hotfix was applied), unrepaired.
+        # other way (the global replaced after the gate went in), unrepaired.
         logs.repair_skipped(
-            _target(call.method), HOTFIX.name, LookupError("the kernel call did not pass the gate"), kind="no-gate"
+            _target(method), HOTFIX.name, LookupError("the kernel call did not pass the gate"), kind="no-gate"
         )
     return result
+
+
+def _gate_in_place(module):
+    """The gate is the module's ``flashinfer`` (put there now if it is not yet: the first call
+    that needs a repair arms it). False when it cannot be put there."""
+    current = module.__dict__.get(GATED_GLOBAL)
+    if type(current) is _gate_classes.get("flashinfer") and current._self_hotfix_on:
+        return True
+    from .. import patch
+
+    return patch.arm_gates(HOTFIX, module)
+
+
+def _no_gate_reason(module):
+    if GATED_GLOBAL not in module.__dict__:
+        return "the module has no global %s (FlashInfer not imported)" % GATED_GLOBAL
+    return "the hotfix's gate could not be put in %s.%s" % (HOTFIX.module, GATED_GLOBAL)
 
 
 class _GatedKernel:
@@ -206,81 +255,78 @@ class _GatedKernel:
         self.kernel, self.gate = kernel, gate
 
     def __call__(self, *args, **kwargs):
-        if not self.gate.__dict__["_hotfix_on"]:  # remove() turned the record off
-            return self.kernel(*args, **kwargs)
         call = _current_call.get()
-        if call is None:
-            # The only code of an accepted module that reaches the kernels is the two wrapped
-            # methods: one run without its wrapper (replaced since by another patcher) is unrepaired.
+        if call is None or call.used or not self.gate._self_hotfix_on:
+            return self.kernel(*args, **kwargs)  # nothing to repair here, or remove() turned it off
+        call.used = True
+        if args:
+            # SGLang's own calls pass keywords only (classify() pins them): a positional call comes
+            # from someone else's code between the gate and the kernel. Stand aside, and say so.
             logs.repair_skipped(
-                "%s.%s" % (HOTFIX.module, CLASS_NAME),
+                _target(call.method),
                 HOTFIX.name,
-                LookupError("a kernel call reached the gate outside the record's wrappers"),
-                kind="outside-the-wrappers",
+                TypeError("the kernel was called with %d positional argument(s)" % len(args)),
+                kind="positional",
             )
             return self.kernel(*args, **kwargs)
-        if call.used or args:
-            return self.kernel(*args, **kwargs)
-        call.used = True
         try:
             repaired = upstream_arguments(call, kwargs)
         except Exception as error:
+            # The repair could not be computed before the kernel ran: SGLang's own call.
             logs.repair_skipped(_target(call.method), HOTFIX.name, error, kind="not-computed")
             return self.kernel(**kwargs)
-        try:
-            return self.kernel(**repaired)
-        except Exception as error:
-            # The kernel refused upstream's arguments (an older FlashInfer than the release pins, or
-            # XQA asking target verify for a mask SGLang does not pass): SGLang's own call decides,
-            # so the hotfix never raises where SGLang would not.
-            logs.repair_skipped(_target(call.method), HOTFIX.name, error, kind="kernel-refused")
-            return self.kernel(**kwargs)
+        return self.kernel(**repaired)  # what it raises propagates, as upstream's call would
 
     def __getattr__(self, name):
         return getattr(self.kernel, name)
 
 
+_gate_classes = {}  # made once, at the first gate (they subclass patch's GateProxy, which needs wrapt)
+
+
 def _gate_class():
-    from .. import patch  # imported only when wrapping, as patch itself
+    if _gate_classes:
+        return _gate_classes["flashinfer"]
+    from .. import patch  # imported only when a gate is armed, as patch itself
 
     class FlashInferSubmoduleGate(patch.GateProxy):
         """``flashinfer.decode`` / ``flashinfer.prefill`` as the gated module reaches them: the
-        submodule, its kernel looked up at each access as SGLang's own code looks it up (so a
-        kernel replaced later, by a profiler or a mock, is the one called), and gated. The gated
-        kernel is kept while the submodule holds the same kernel: no allocation per call."""
+        submodule (attribute writes and deletions go to it, so ``mock.patch`` through the
+        backend's name patches FlashInfer itself, as without the hotfix), its kernel looked up at
+        each access as SGLang's own code looks it up (a kernel replaced later, by a profiler, a
+        mock or a HookRegistry hook, is the one called, with upstream's arguments), and gated."""
 
         def __init__(self, submodule, kernel_name, gate):
             super().__init__(submodule)
-            self.__dict__.update(_kernel_name=kernel_name, _gate=gate, _kernel=None, _gated=None)
+            self._self_kernel_name, self._self_gate = kernel_name, gate
+            self._self_kernel = self._self_gated = None
 
         def __getattr__(self, name):
-            found = getattr(self._hotfix_gated, name)
-            if name != self._kernel_name:
+            found = getattr(self.__wrapped__, name)
+            if name != self._self_kernel_name:
                 return found
-            if found is not self._kernel:
-                self.__dict__.update(_kernel=found, _gated=_GatedKernel(found, self._gate))
-            return self._gated
+            if found is not self._self_kernel:  # a kernel replaced since: gate that one
+                self._self_kernel, self._self_gated = found, _GatedKernel(found, self._self_gate)
+            return self._self_gated
 
     class FlashInferGate(patch.GateProxy):
-        """The module's global ``flashinfer`` while pr28144 is applied: FlashInfer itself, looked
-        up at each access, but for the kernels' submodules (a gate kept per submodule object)."""
+        """The module's global ``flashinfer`` once pr28144 armed it: FlashInfer itself, looked up
+        at each access, but for the kernels' submodules (a gate kept per submodule object)."""
 
         def __init__(self, gated):
             super().__init__(gated)
-            self.__dict__["_submodule_gates"] = {}
+            self._self_submodule_gates = {}
 
         def __getattr__(self, name):
-            submodule = getattr(self._hotfix_gated, name)
+            submodule = getattr(self.__wrapped__, name)
             if name not in KERNELS:
                 return submodule
-            kept = self._submodule_gates.get(name)
-            if kept is None or kept._hotfix_gated is not submodule:
-                kept = self._submodule_gates[name] = FlashInferSubmoduleGate(submodule, KERNELS[name], self)
+            kept = self._self_submodule_gates.get(name)
+            if kept is None or kept.__wrapped__ is not submodule:
+                kept = self._self_submodule_gates[name] = FlashInferSubmoduleGate(submodule, KERNELS[name], self)
             return kept
 
-        def __repr__(self):
-            return "<pr28144 gate of %r>" % (self._hotfix_gated,)
-
+    _gate_classes.update(flashinfer=FlashInferGate, submodule=FlashInferSubmoduleGate)
     return FlashInferGate
 
 
@@ -291,20 +337,17 @@ def make_gate(module, flashinfer):
 # --------------------------------------------------------------------------
 # Recognising the code
 
-# (forward_decode, forward_extend) fingerprints of the affected releases whose pinned FlashInfer
-# takes upstream's arguments (a float32 tensor bmm1_scale: FlashInfer 0.5.3 and later).
+# (forward_decode, forward_extend) fingerprints of the affected releases. Every pinned FlashInfer
+# (0.2.11.post3 to 0.6.11.post1) takes the Python float scales 0.5.15 passes.
 AFFECTED = {
+    ("ast1:f983dd819b9de1a0", "ast1:7d36278b2fb2e186"): "0.5.1 to 0.5.4.post1",
+    ("ast1:f05b9eff1d1c2b21", "ast1:9e5cb0ada11f2286"): "0.5.4.post2 to 0.5.5.post3",
     ("ast1:f05b9eff1d1c2b21", "ast1:698b90cde1f1e457"): "0.5.6",
     ("ast1:280de058f9d3aee7", "ast1:6d6c1481adb5e890"): "0.5.6.post1 to 0.5.8.post1",
     ("ast1:5ff28f46acb388fb", "ast1:abb1c23985dd016b"): "0.5.9",
     ("ast1:d3c79e75d45feb0a", "ast1:0aed86372ee6cb44"): "0.5.10 to 0.5.10.post1",
     ("ast1:cc7da69ada8dbf71", "ast1:52036f0a3a55c1e1"): "0.5.11 to 0.5.12.post1",
     ("ast1:f770ae4e23ceb6fc", "ast1:a230c20003012edf"): "0.5.13 to 0.5.13.post1",
-}
-# The same bug, on a FlashInfer that cannot take upstream's arguments: refused.
-UNREPAIRABLE = {
-    ("ast1:f983dd819b9de1a0", "ast1:7d36278b2fb2e186"): ("0.5.1 to 0.5.4.post1", "0.2.11.post3 to 0.4.1"),
-    ("ast1:f05b9eff1d1c2b21", "ast1:9e5cb0ada11f2286"): ("0.5.4.post2 to 0.5.5.post3", "0.4.1 to 0.5.2"),
 }
 # The methods of the class the two call before the kernel, by the fingerprints of the affected
 # releases: a helper is run during a noted call, so it must not reach the kernel first.
@@ -347,6 +390,19 @@ def _flashinfer_problem(tree):
     return None
 
 
+def _imports_a_kernel_route(node):
+    """An import that binds a kernel, or the submodule holding one, under a name of the module's
+    own (``from flashinfer.decode import trtllm_batch_decode_with_kv_cache as k``, ``from
+    flashinfer import decode``, ``import flashinfer.prefill as p``, a star import): a route to
+    the kernel that does not pass the gate."""
+    if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == GATED_GLOBAL:
+        names = {alias.name for alias in node.names}
+        return bool(names & (set(KERNELS) | set(KERNELS.values()) | {"*"})) or node.module != GATED_GLOBAL
+    if isinstance(node, ast.Import):
+        return any(alias.name.startswith(GATED_GLOBAL + ".") and alias.asname for alias in node.names)
+    return False
+
+
 def _kernel_route_problem(tree, methods):
     """None when nothing but the two live methods reaches ``flashinfer`` or names a kernel
     (the gate must see only the kernel calls those methods prepare). Earlier definitions of the
@@ -355,6 +411,11 @@ def _kernel_route_problem(tree, methods):
     for node in ast.walk(tree):
         if id(node) in inside:
             continue
+        if _imports_a_kernel_route(node):
+            return (
+                "the module binds a FlashInfer kernel or its submodule by import (line %d): a route around "
+                "the gate" % node.lineno
+            )
         named = (
             (isinstance(node, ast.Name) and node.id in (GATED_GLOBAL,) + tuple(KERNELS.values()))
             or (isinstance(node, ast.Attribute) and node.attr in KERNELS.values())
@@ -427,13 +488,6 @@ def classify(tree):
             )
         return verdict(Verdict.UNKNOWN, "%s is there, but not as SGLang 0.5.14 wrote it or called it" % BMM_SCALES)
     pair = tuple(of_node(m) for m in methods)
-    if pair in UNREPAIRABLE:
-        releases, pins = UNREPAIRABLE[pair]
-        return verdict(
-            Verdict.UNKNOWN,
-            "this code (SGLang %s) has the bug PR #28144 fixes, but the FlashInfer it pins (%s) cannot take "
-            "the tensor bmm1_scale upstream's fix passes: not patched" % (releases, pins),
-        )
     if pair not in AFFECTED:
         return verdict(
             Verdict.UNKNOWN,
@@ -452,14 +506,14 @@ def classify(tree):
 
 HOTFIX = Hotfix(
     name="pr28144",
-    upstream="SGLang 0.5.14 (PR #28144)",
-    summary="TRT-LLM MHA decode and extend pass FlashInfer the FP8 KV cache's scales (V scale as bmm2, a "
-    "quantized Q with its scale) and no K scale for a BF16 cache",
-    effect="FlashInfer's TRT-LLM kernels receive the query and BMM scales of the FP8 KV cache",
+    upstream=UPSTREAM,
+    summary="TRT-LLM MHA decode and extend pass FlashInfer the FP8 KV cache's scales (K scale in bmm1, V scale "
+    "as bmm2) and no K scale for a BF16 cache",
+    effect="FlashInfer's TRT-LLM kernels receive the BMM scales of the FP8 KV cache (and BF16 Q in XQA target verify)",
     distribution="sglang",
     target="sglang.srt.layers.attention.trtllm_mha_backend.%s.%s" % (CLASS_NAME, METHODS[0]),
     also=METHODS[1:],
-    gates=((GATED_GLOBAL, make_gate),),
+    gates=((GATED_GLOBAL, make_gate),),  # armed by the first call that needs a repair
     classify=classify,
     wrapper=note_the_call,
     known_fingerprints=ReleaseTable(os.path.join(os.path.dirname(os.path.abspath(__file__)), "pr28144_releases.json")),

@@ -8,19 +8,16 @@
   ``layers/attention/utils.py``: the module holding it imports triton and SGLang), and
   recorders where the real thing needs a GPU: ``flashinfer`` (the two kernels) and
   ``fused_fp8_set_kv_buffer`` (a Triton kernel); ``envs`` and ``logger`` are small stand-ins.
-* ``upstream_module(release_dir, fixed_dir)``: the same release with PR #28144 applied by AST:
-  0.5.14's three helpers added to the class, and in ``forward_decode`` / ``forward_extend`` the
-  unscaled FP8 cast and the four-statement scale block replaced by 0.5.14's own statements.
+* ``upstream_module(release_dir, fixed_dir)``: the same release with upstream's fix applied by
+  AST, as the record reproduces it (PR #28144 as revised by PR #29423, 0.5.15): 0.5.15's two
+  helpers added to the class, and in ``forward_decode`` / ``forward_extend`` the FP8 cast of Q
+  and the four-statement scale block replaced by 0.5.15's own statements.
 * ``cases(release)``: name -> ``Case`` (KV dtype, the layer's scales, XQA, the KV write path,
-  forward mode), for what that release's code can do.
+  forward mode, and the query's layout: packed, or a strided view split from a fused QKV
+  projection as Llama-family models pass it), for what that release's code can do.
 * ``kernel_calls(module, case)``: runs one case through the class's method and returns what the
-  recorders saw, as plain data compared with ``==``.
-
-``scaled_fp8_quant`` (0.5.14's quantizer of Q) does not run on CPU: SGLang's CUDA/CPU definition
-calls ``sgl_kernel``'s per-tensor kernel, which a CPU install does not define (NameError).
-``cpu_scaled_fp8_quant`` is a CPU stand-in: the installed SGLang's own other definition of it
-(the ROCm build's, whose per-tensor path without aiter or vLLM is its native PyTorch
-quantization), compiled from the installed ``fp8_kernel.py``.
+  recorders saw, as plain data compared with ``==``: every tensor as the kernel reads it (dtype,
+  shape, strides, storage offset, values).
 
 Nothing of SGLang is copied here: every SGLang function that runs is compiled at test time from
 a release's file (or the installed SGLang's).
@@ -52,8 +49,9 @@ MODULE_NAME = isolated_release.MODULE_NAME
 BACKEND = isolated_release.BACKEND
 CLASS_NAME = "TRTLLMHAAttnBackend"
 METHODS = ("forward_decode", "forward_extend")
-UPSTREAM_HELPERS = ("_get_scalar_scale", "_get_bmm_scales", "_maybe_quantize_q")
-FIXED_RELEASE = "0.5.14"
+UPSTREAM_HELPERS = ("_get_scalar_scale", "_get_bmm_scales")
+# Upstream's fix as the record reproduces it: PR #28144 as PR #29423 revised it (0.5.15 to 0.5.23).
+FIXED_RELEASE = "0.5.15"
 ATTENTION_UTILS = "sglang/srt/layers/attention/utils.py"
 FP8_KERNEL = "srt/layers/quantization/fp8_kernel.py"  # inside the installed sglang package
 # Files the shared release cache does not keep (scan_releases keeps only what the records read).
@@ -108,7 +106,7 @@ def _self_attributes(methods, roots):
 
 def backend_attributes(release_dir, fixed_dir):
     """What a backend object needs: every attribute the release's ``forward_decode`` and
-    ``forward_extend`` read, and those 0.5.14's helpers read that the release's ``__init__``
+    ``forward_extend`` read, and those 0.5.15's helpers read that the release's ``__init__``
     sets (``data_type``, which 0.5.1 to 0.5.4.post1 never read in these methods; ``is_xqa_impl``
     only where the release has it)."""
     methods = _methods(_backend_class(release_dir / BACKEND))
@@ -187,42 +185,6 @@ def release_canonicalize_stride(release_dir):
 
 
 # --------------------------------------------------------------------------
-# The CPU stand-in for scaled_fp8_quant
-
-
-def _installed_fp8_kernel():
-    spec = importlib.util.find_spec("sglang")  # finds the package without importing it
-    assert spec is not None, "SGLang is not installed: run the README's set-up command"
-    return pathlib.Path(list(spec.submodule_search_locations)[0]) / FP8_KERNEL
-
-
-def _top_level_if(tree, test_text, defines=None):
-    for node in tree.body:
-        if isinstance(node, ast.If) and ast.unparse(node.test) == test_text:
-            if defines is None or any(isinstance(n, ast.FunctionDef) and n.name == defines for n in node.body):
-                return node
-    raise LookupError(test_text)
-
-
-@functools.lru_cache(maxsize=None)
-def cpu_scaled_fp8_quant():
-    """CPU stand-in for SGLang's ``scaled_fp8_quant``: the installed fp8_kernel.py's ROCm-build
-    definition (``if _is_hip:``) with aiter and vLLM off, so a dynamic per-tensor call runs
-    ``_native_dynamic_per_tensor_quant_fp8``; FP8 constants as the file sets them off ROCm's
-    fnuz parts (``float8_e4m3fn``, its finfo max)."""
-    path = _installed_fp8_kernel()
-    tree = _tree(path)
-    constants = _top_level_if(tree, "is_fp8_fnuz()").orelse + [
-        n for n in tree.body if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "fp8_min"
-    ]
-    hip_block = _top_level_if(tree, "_is_hip", defines="scaled_fp8_quant").body
-    namespace = {"torch": torch, "Optional": typing.Optional, "_use_aiter": False, "_has_vllm": False}
-    exec(compile(ast.Module(body=constants + hip_block, type_ignores=[]), str(path), "exec"), namespace)
-    assert namespace["fp8_dtype"] is FP8
-    return namespace["scaled_fp8_quant"]
-
-
-# --------------------------------------------------------------------------
 # Recorders and stand-ins for the module's globals
 
 
@@ -276,7 +238,7 @@ class _Envs:
 
 
 class _Logger(logging.LoggerAdapter):
-    """The module's logger. 0.5.14's ``_get_scalar_scale`` calls ``logger.warning_once``, which
+    """The module's logger. 0.5.15's ``_get_scalar_scale`` calls ``logger.warning_once``, which
     only transformers (imported by every SGLang server) adds to ``logging.Logger``."""
 
     def __init__(self):
@@ -300,7 +262,6 @@ def _add_globals(module, release_dir):
         fused_fp8_set_kv_buffer=fused_fp8_recorder(log),
         envs=_Envs(),
         logger=_Logger(),
-        scaled_fp8_quant=cpu_scaled_fp8_quant(),  # read by the oracle's _maybe_quantize_q only
     )
     if "canonicalize_stride" in ast.unparse(_backend_class(release_dir / BACKEND)):
         module.canonicalize_stride = release_canonicalize_stride(release_dir)
@@ -376,7 +337,7 @@ def _is_scale_block(statements, i):
 
 
 def _upstream_statement(fixed_method, helper):
-    """The one statement of 0.5.14's method that assigns from ``self.<helper>(...)``."""
+    """The one statement of 0.5.15's method that assigns from ``self.<helper>(...)``."""
     found = [
         s
         for body in _bodies(fixed_method)
@@ -387,8 +348,19 @@ def _upstream_statement(fixed_method, helper):
     return found[0]
 
 
+def _upstream_q_scale(fixed_method):
+    """0.5.15's ``q_scale = 1.0``."""
+    (found,) = [
+        s
+        for body in _bodies(fixed_method)
+        for s in body
+        if _assigned_name(s) == "q_scale" and isinstance(s.value, ast.Constant) and s.value.value == 1.0
+    ]
+    return found
+
+
 def _placed_at(statement, line):
-    """A copy of 0.5.14's ``statement`` numbered from ``line`` of the release's file, so a
+    """A copy of 0.5.15's ``statement`` numbered from ``line`` of the release's file, so a
     traceback points at the statement it replaced."""
     placed = copy.deepcopy(statement)
     ast.increment_lineno(placed, line - placed.lineno)
@@ -396,23 +368,22 @@ def _placed_at(statement, line):
 
 
 def _apply_fix(method, fixed_method):
-    """Edits (a) and (b) of PR #28144 on the release's ``method``, in place."""
-    quantize = _upstream_statement(fixed_method, "_maybe_quantize_q")
+    """PR #28144 as revised by PR #29423 (0.5.15) on the release's ``method``, in place: the
+    bug's four scale statements become 0.5.15's ``q_scale = 1.0`` and ``_get_bmm_scales`` call,
+    and the release's FP8 cast of Q becomes 0.5.15's (the same statement in ``forward_decode``
+    from 0.5.10 on; in ``forward_extend``, XQA target verify keeps BF16 Q). Releases that never
+    cast Q (0.5.1 to 0.5.4.post1) get no cast: the two PRs together add none."""
     scales = _upstream_statement(fixed_method, "_get_bmm_scales")
+    q_scale = _upstream_q_scale(fixed_method)
+    (upstream_cast,) = [s for body in _bodies(fixed_method) for s in body if _is_unscaled_fp8_cast(s)]
     casts = [(body, i) for body in _bodies(method) for i, s in enumerate(body) if _is_unscaled_fp8_cast(s)]
     blocks = [(body, i) for body in _bodies(method) for i in range(len(body)) if _is_scale_block(body, i)]
     assert len(blocks) == 1, (method.name, "scale blocks", len(blocks))
     body, i = blocks[0]
-    body[i : i + len(SCALE_BLOCK)] = [_placed_at(scales, body[i].lineno)]
-    if casts:  # (a): the cast becomes 0.5.14's quantization
-        assert len(casts) == 1, (method.name, "casts", len(casts))
-        body, i = casts[0]
-        body[i] = _placed_at(quantize, body[i].lineno)
-    else:  # releases that never cast Q (0.5.1 to 0.5.4.post1): inserted where 0.5.4.post2 casts
-        reshapes = [(body, i) for body in _bodies(method) for i, s in enumerate(body) if _is_q_reshape(s)]
-        assert len(reshapes) == 1, (method.name, "q reshapes", len(reshapes))
-        body, i = reshapes[0]
-        body.insert(i, _placed_at(quantize, body[i].lineno))
+    body[i : i + len(SCALE_BLOCK)] = [_placed_at(q_scale, body[i].lineno), _placed_at(scales, body[i].lineno)]
+    assert len(casts) <= 1, (method.name, "casts", len(casts))
+    for body, i in casts:
+        body[i] = _XqaAttributeOptional().visit(_placed_at(upstream_cast, body[i].lineno))
 
 
 class _XqaAttributeOptional(ast.NodeTransformer):
@@ -456,13 +427,12 @@ def _install(module, code, names):
 
 
 def upstream_module(release_dir, fixed_dir):
-    """The release's module with PR #28144 applied: 0.5.14's helpers on the class and 0.5.14's
-    statements in the release's two methods (compiled from the release's file)."""
+    """The release's module with upstream's fix applied: 0.5.15's helpers on the class and
+    0.5.15's statements in the release's two methods (compiled from the release's file)."""
     module = load_backend_module(release_dir)
     fixed_path, path = fixed_dir / BACKEND, release_dir / BACKEND
     fixed = _methods(_backend_class(fixed_path))
     helpers = [fixed[name] for name in UPSTREAM_HELPERS]
-    helpers = [_XqaAttributeOptional().visit(h) if h.name == "_maybe_quantize_q" else h for h in helpers]
     _install(module, _holder(helpers, fixed_path), UPSTREAM_HELPERS)
     own = _methods(_backend_class(path))
     for name in METHODS:
@@ -501,6 +471,9 @@ SCALES = {
     "negative": {"k_scale": -0.5, "v_scale": -4.0, "k_scale_float": -0.5, "v_scale_float": -4.0},
 }
 KV_DTYPES = {"fp8": FP8, "bf16": torch.bfloat16}
+# packed: q as its own tensor; strided: ``q, k, v = qkv.split(...)`` of a fused projection, the
+# view every Llama-family model, EAGLE3 Llama draft and gpt-oss hands the backend.
+LAYOUTS = ("packed", "strided")
 MODES = {"decode": "forward_decode", "extend": "forward_extend", "target_verify": "forward_extend"}
 
 
@@ -514,6 +487,7 @@ class Case:
     mode: str  # key of MODES
     fused: bool  # the release's own _should_use_fused_fp8_path says yes for these inputs
     attributes: typing.FrozenSet[str]  # the backend object's attributes (backend_attributes)
+    layout: str = "packed"  # key of LAYOUTS: how the method's q lies in memory
 
     @property
     def method(self):
@@ -540,13 +514,14 @@ def cases(release):
             for xqa in (False, True) if features["xqa"] else (None,):
                 for save in (True, False):
                     for mode in modes:
-                        # The release's fused path takes save_kv_cache, k (always given here) and the KV dtype.
-                        fused = features["fused"] and save and kv == "fp8"
-                        name = "-".join(
-                            [kv, scales, {None: "no-xqa-attr", False: "trtllm-gen", True: "xqa"}[xqa]]
-                            + [("fused-write" if fused else "write") if save else "no-write", mode]
-                        )
-                        built[name] = Case(name, kv, scales, xqa, save, mode, fused, attributes)
+                        for layout in LAYOUTS:
+                            # The release's fused path takes save_kv_cache, k (always given here) and the KV dtype.
+                            fused = features["fused"] and save and kv == "fp8"
+                            name = "-".join(
+                                [kv, scales, {None: "no-xqa-attr", False: "trtllm-gen", True: "xqa"}[xqa]]
+                                + [("fused-write" if fused else "write") if save else "no-write", mode, layout]
+                            )
+                            built[name] = Case(name, kv, scales, xqa, save, mode, fused, attributes, layout)
     return built
 
 
@@ -657,7 +632,15 @@ def _seed(case):
 def plain(value):
     """Comparable data: tensors as (dtype, shape, values), containers element-wise."""
     if isinstance(value, torch.Tensor):
-        return ("tensor", str(value.dtype), tuple(value.shape), value.float().tolist())
+        # As a kernel reads it: FlashInfer's XQA takes only data_ptr(), so the layout is part of the value.
+        return (
+            "tensor",
+            str(value.dtype),
+            tuple(value.shape),
+            tuple(value.stride()),
+            value.storage_offset(),
+            value.float().tolist(),
+        )
     if isinstance(value, (tuple, list)):
         return tuple(plain(v) for v in value)
     if isinstance(value, dict):
@@ -681,6 +664,10 @@ def kernel_calls(module, case):
     tokens = sum(LENGTHS[case.mode][0])
     q = (torch.randn(tokens, Q_HEADS * HEAD_DIM, generator=generator) * 3).to(torch.bfloat16)
     k, v = (torch.randn(tokens, KV_HEADS, HEAD_DIM, generator=generator).to(torch.bfloat16) for _ in "kv")
+    if case.layout == "strided":  # the same values, as a view into one fused QKV tensor
+        qkv = torch.cat([q, k.flatten(1), v.flatten(1)], dim=1)
+        q = qkv.split([Q_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=1)[0]
+        assert not q.is_contiguous()
     backend = _backend(module, case, pool)
     method = getattr(backend, case.method)  # through the class attribute, wrapped or not
     out = method(

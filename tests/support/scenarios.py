@@ -274,7 +274,8 @@ def toy_record():
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         code = cli.main(["status", "--json"])  # `sglang-hotfix-trtllm status --json`, in this process
-    report = next(r for r in json.loads(printed.getvalue())["hotfixes"] if r["hotfix"] == toy.TOY.name)
+    document = json.loads(printed.getvalue())
+    report = next(r for r in document["hotfixes"] if r["hotfix"] == toy.TOY.name)
     patch = sys.modules.get("sglang_hotfix_trtllm.patch")  # loaded only when something was wrapped
     records = sorted(entry.hotfix.name for entry in patch._applied) if patch else []
     wrapper_type = type(module.Counter.__dict__["next_value"]).__name__
@@ -287,6 +288,7 @@ def toy_record():
         verdict=report["verdict"],
         would_patch=report["would_patch"],
         exit=code,
+        headline=document["headline"],
         restored=restored,
         after_remove=counter.next_value(41),
         sglang_imported="sglang" in sys.modules,

@@ -15,6 +15,11 @@ from sglang_hotfix_trtllm.record import Classification, Hotfix, Verdict
 MODULE = "toy_pkg.toy_module"
 BUGGY = "def next_value(self, value):\n    return value\n"
 FIXED = "def next_value(self, value):\n    return value + 1\n"
+# The bug, in a shape the toy record recognises but cannot repair exactly (it would have to add 2).
+UNREPAIRABLE = "def next_value(self, value):\n    return value - 1\n"
+UNREPAIRABLE_REASON = (
+    "next_value returns value - 1: a wrapper adding one cannot give upstream's value; upgrade to toy 2.0"
+)
 
 
 def module_source(method_source):
@@ -30,10 +35,13 @@ def classify(tree):
     if method is None:
         return Classification(Verdict.UNKNOWN, problem or "next_value not found", of_node(cls))
     body = ast.unparse(method)
-    verdict = {ast.unparse(ast.parse(BUGGY)): Verdict.AFFECTED, ast.unparse(ast.parse(FIXED)): Verdict.FIXED}.get(
-        body, Verdict.UNKNOWN
-    )
-    return Classification(verdict, "next_value is the %s one" % verdict, of_node(method), detect.first_line_of(method))
+    verdict = {
+        ast.unparse(ast.parse(BUGGY)): Verdict.AFFECTED,
+        ast.unparse(ast.parse(FIXED)): Verdict.FIXED,
+        ast.unparse(ast.parse(UNREPAIRABLE)): Verdict.UNREPAIRABLE,
+    }.get(body, Verdict.UNKNOWN)
+    reason = UNREPAIRABLE_REASON if verdict is Verdict.UNREPAIRABLE else "next_value is the %s one" % verdict
+    return Classification(verdict, reason, of_node(method), detect.first_line_of(method))
 
 
 def add_one(module, wrapped, instance, args, kwargs):
