@@ -209,11 +209,18 @@ def note_the_call(module, wrapped, instance, args, kwargs):
         return wrapped(*args, **kwargs)  # SGLang's method raises its own error, or runs as it would
     if not needed:
         return wrapped(*args, **kwargs)
-    method = wrapped.__name__
+    return (_run_noted or _noted_runner())(
+        module, wrapped, args, kwargs, Call(wrapped, backend, q, layer, forward_batch)
+    )
+
+
+def _run_noted_call(module, wrapped, args, kwargs, call):
+    """SGLang's method with ``call`` noted for the gate until it returns (the gate put in the
+    module first, if it is not there yet)."""
+    method = call.method
     if not _gate_in_place(module):
         logs.repair_skipped(_target(method), HOTFIX.name, LookupError(_no_gate_reason(module)), kind="no-gate")
         return wrapped(*args, **kwargs)
-    call = Call(wrapped, backend, q, layer, forward_batch)
     token = _current_call.set(call)
     try:
         result = wrapped(*args, **kwargs)
@@ -227,6 +234,26 @@ def note_the_call(module, wrapped, instance, args, kwargs):
             _target(method), HOTFIX.name, LookupError("the kernel call did not pass the gate"), kind="no-gate"
         )
     return result
+
+
+_run_noted = None
+
+
+def _noted_runner():
+    """``_run_noted_call``, run eagerly under ``torch.compile``: TorchDynamo cannot trace a context
+    variable's set and reset around a call (it baked the gate's branch in at trace time and the
+    kernel got the release's arguments), so a call that needs a repair is a graph break and runs as
+    in eager mode; calls that need none are traced as without the hotfix."""
+    global _run_noted
+    runner = _run_noted_call
+    try:
+        import torch
+
+        runner = torch.compiler.disable(_run_noted_call)
+    except Exception:  # a torch without torch.compiler: nothing compiles these calls there either
+        pass
+    _run_noted = runner
+    return runner
 
 
 def _gate_in_place(module):
@@ -249,8 +276,7 @@ def _no_gate_reason(module):
 class _GatedKernel:
     """A FlashInfer kernel as the gated module reaches it."""
 
-    __slots__ = ("kernel", "gate", "__weakref__")
-
+    # No __slots__: TorchDynamo guards on the kernel's ``__dict__`` as SGLang's code reaches it.
     def __init__(self, kernel, gate):
         self.kernel, self.gate = kernel, gate
 

@@ -27,7 +27,6 @@ import ast
 import copy
 import dataclasses
 import functools
-import importlib.util
 import logging
 import os
 import pathlib
