@@ -525,8 +525,9 @@ def classify(tree):
         return verdict(Verdict.UNKNOWN, problem)
     return verdict(
         Verdict.AFFECTED,
-        "forward_decode and forward_extend pass bmm2_scale=1.0 (the FP8 KV cache's V scale ignored), cast Q to FP8 "
-        "without a scale and apply the K scale to a BF16 cache",
+        "forward_decode and forward_extend pass bmm2_scale=1.0 (the FP8 KV cache's V scale ignored) and apply the K "
+        "scale to a BF16 cache. Repaired: kernel calls through the module's flashinfer (a mock or HookRegistry hook "
+        "on a kernel included); a positional kernel call stands aside with one warning",
     )
 
 
