@@ -79,8 +79,30 @@ class Gate:
         self.hotfix, self.name, self.original, self.gate = hotfix, name, original, gate
 
 
+# wrapt forwards ``__class__`` and ``__code__`` to the wrapped function, so TorchDynamo takes a
+# wrapper for SGLang's own function and inlines SGLang's code, skipping the wrapper: compiled code
+# (SGLang's ``--enable-torch-compile`` traces RadixAttention -> forward_decode) would run
+# unrepaired. TorchDynamo reads this attribute statically (``inspect.getattr_static``) before it
+# inlines a function, and calls what carries it instead of tracing it (a graph break), as it does
+# for ``torch.compiler.disable``: the wrapper then runs, eagerly, bound as Python binds it.
+_TRACERS_CALL_IT = {
+    "_torchdynamo_disable": True,
+    "_torchdynamo_disable_msg": "sglang-hotfix-trtllm's wrapper of an SGLang method (the repair runs eagerly)",
+}
+
+
+class BoundHotfixWrapper(wrapt.BoundFunctionWrapper):
+    """A ``HotfixWrapper`` bound to an instance (``backend.forward_decode``)."""
+
+    locals().update(_TRACERS_CALL_IT)
+
+
 class HotfixWrapper(wrapt.FunctionWrapper):
-    """Marks a method wrapped by this package, so applying twice is a no-op."""
+    """Marks a method wrapped by this package, so applying twice is a no-op; compiled code calls
+    it rather than inlining what it wraps (``_TRACERS_CALL_IT``)."""
+
+    __bound_function_wrapper__ = BoundHotfixWrapper
+    locals().update(_TRACERS_CALL_IT)
 
 
 def _is_ours(attribute, hotfix, method_name):

@@ -7,6 +7,8 @@ is SGLang's method alone (traced as without the hotfix), and one that needs a re
 call outside the trace (``torch.compiler.disable``: a graph break), its first one arming the gate.
 """
 
+import types
+
 import pytest
 import torch
 
@@ -26,23 +28,79 @@ def _case(release, prefix):
     return fp8_cases.cases(release)[name]
 
 
-def _oracle(release, case):
-    release_dir = release_selection.release_dir(release)
-    fixed_dir = release_selection.release_dir(fp8_cases.FIXED_RELEASE)
-    return fp8_cases.kernel_calls(fp8_cases.upstream_module(release_dir, fixed_dir), case)
+def _recorded(module, call):
+    """What the module's recorded kernel received from ``call()``, as plain data (read outside
+    the compiled code: the recorder is the harness's, not SGLang's)."""
+    log = fp8_cases._LOGS[module]
+    del log[:]
+    call()
+    calls = [(name, fp8_cases.plain(arguments)) for name, arguments in log]
+    del log[:]
+    return calls
 
 
 @pytest.mark.parametrize("prefix", CASES)
 @pytest.mark.parametrize("release", RELEASES)
 def test_compiled_code_reaching_the_wrapped_method_gets_upstreams_arguments(release, prefix):
     case = _case(release, prefix)
-    module = fp8_cases.load_backend_module(release_selection.release_dir(release))
+    release_dir = release_selection.release_dir(release)
+    oracle = fp8_cases.upstream_module(release_dir, release_selection.release_dir(fp8_cases.FIXED_RELEASE))
+    expected = _recorded(oracle, _decode(oracle, case))
+    module = fp8_cases.load_backend_module(release_dir)
     patch.wrap(pr28144.HOTFIX, module, detect.assess_module(pr28144.HOTFIX, module))
     torch._dynamo.reset()
     try:
-        compiled = torch.compile(lambda: fp8_cases.kernel_calls(module, case))
-        first, again = compiled(), compiled()  # the first arms the gate (where a repair is needed)
+        compiled = torch.compile(_decode(module, case))
+        first, again = _recorded(module, compiled), _recorded(module, compiled)  # the first arms the gate
     finally:
         patch.remove_all()
         torch._dynamo.reset()
-    assert first == again == _oracle(release, case)
+    assert first == again == expected
+
+
+def _traceable_flashinfer():
+    """A kernel TorchDynamo traces through (FlashInfer's is opaque to it today, but a traced one
+    is what would inline SGLang's method around the wrapper): its output depends on the query and
+    both scales."""
+
+    def kernel(query, bmm1_scale, bmm2_scale, **kwargs):
+        return query.float() * bmm1_scale * bmm2_scale
+
+    return types.SimpleNamespace(
+        decode=types.SimpleNamespace(trtllm_batch_decode_with_kv_cache=kernel),
+        prefill=types.SimpleNamespace(trtllm_batch_context_with_kv_cache=kernel),
+    )
+
+
+def _decode(module, case):
+    generator = torch.Generator().manual_seed(1)
+    pool = fp8_cases.KVPool(fp8_cases.CallLog(), fp8_cases.KV_DTYPES[case.kv], generator)
+    width = (fp8_cases.Q_HEADS + 2 * fp8_cases.KV_HEADS) * fp8_cases.HEAD_DIM
+    q = torch.randn(2, width, generator=generator).to(torch.bfloat16)[:, : fp8_cases.Q_HEADS * fp8_cases.HEAD_DIM]
+    backend = fp8_cases._backend(module, case, pool)
+    layer, batch = fp8_cases._layer(case), fp8_cases._forward_batch(module, case, pool)
+    return lambda: backend.forward_decode(q, None, None, layer, batch, save_kv_cache=False)
+
+
+@pytest.mark.parametrize("prefix", CASES)
+def test_a_traced_kernel_does_not_let_compiled_code_skip_the_wrapper(prefix):
+    """wrapt forwards ``__class__``, so TorchDynamo took the wrapper for SGLang's own function and
+    inlined that, skipping the repair (and, once the gate was in, failed a guard on it). The
+    wrapper now says what it is: TorchDynamo calls it (a graph break) and the result is upstream's."""
+    release = "0.5.12"
+    case = _case(release, prefix)
+    release_dir = release_selection.release_dir(release)
+    oracle = fp8_cases.upstream_module(release_dir, release_selection.release_dir(fp8_cases.FIXED_RELEASE))
+    oracle.flashinfer = _traceable_flashinfer()
+    expected = _decode(oracle, case)()
+    module = fp8_cases.load_backend_module(release_dir)
+    module.flashinfer = _traceable_flashinfer()
+    patch.wrap(pr28144.HOTFIX, module, detect.assess_module(pr28144.HOTFIX, module))
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(_decode(module, case))
+        first, again = compiled(), compiled()
+    finally:
+        patch.remove_all()
+        torch._dynamo.reset()
+    assert torch.equal(first, expected) and torch.equal(again, expected)
