@@ -8,8 +8,9 @@ and ``CALLS`` with it applied, in alternating order, then the medians over round
 
     .venv/bin/python benchmarks/forward_call.py [--rounds 200] [--calls 200]
 
-Cases: a BF16 cache without K scales (nothing to repair: the common user), and an FP8 cache with
-K/V scales on XQA (repaired). Each on a strided query (``qkv.split``), decode batch of 2.
+Cases: a BF16 cache without K scales and an FP8 cache without scales (nothing to repair: the
+common users), and an FP8 cache with K/V scales on XQA (repaired). Each on a strided query
+(``qkv.split``), decode batch of 2.
 """
 
 import argparse
@@ -32,6 +33,7 @@ from sglang_hotfix_trtllm.records import pr28144  # noqa: E402
 RELEASE = "0.5.12"
 CASES = {
     "bf16, no scales (no repair)": "bf16-absent-xqa-no-write-decode-strided",
+    "fp8, no scales (no repair)": "fp8-absent-xqa-no-write-decode-strided",
     "fp8 with K/V scales, XQA (repaired)": "fp8-float-xqa-no-write-decode-strided",
 }
 

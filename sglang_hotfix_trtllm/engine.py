@@ -93,7 +93,7 @@ def decide(hotfix, assessment, current):
             "not patching %s: %s=%r does not name %s (SGLang's plugin allowlist); add it there to enable the hotfix"
             % (hotfix.target, switches.SGLANG_PLUGINS, os.environ.get(switches.SGLANG_PLUGINS), switches.PLUGIN_NAME),
             # A known bug left unpatched by the allowlist deserves a WARNING; elsewhere it is only information.
-            logging.WARNING if assessment.verdict is Verdict.AFFECTED else logging.INFO,
+            logging.WARNING if assessment.verdict in (Verdict.AFFECTED, Verdict.UNREPAIRABLE) else logging.INFO,
         )
     if assessment.verdict is Verdict.FIXED:
         return Decision(

@@ -3,7 +3,7 @@
 
 0.5.0 raised ``AssertionError: Guard failed on the same frame it was created`` here (issue 28,
 item 6): TorchDynamo guarded on the gate it had just seen change. Now a call that needs no repair
-is SGLang's method alone (traced as without the hotfix), and one that needs a repair runs its noted
+is SGLang's method alone behind a graph break (the wrapper is never inlined), and one that needs a repair runs its noted
 call outside the trace (``torch.compiler.disable``: a graph break), its first one arming the gate.
 """
 

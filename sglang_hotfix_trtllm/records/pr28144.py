@@ -86,15 +86,26 @@ def _fp8_dtype():
     return _fp8
 
 
-def needs_repair(backend, layer):
-    """False only where upstream's arguments are provably the release's: a KV cache that is not
-    FP8 and a layer whose ``k_scale_float`` is None or 1.0 (then the release's
-    ``1.0 * 1.0 * layer.scaling`` and ``bmm2_scale = 1.0`` are 0.5.15's ``layer.scaling`` and 1,
-    and the query is untouched). May say True where nothing differs, never the reverse."""
-    if getattr(backend, "data_type", None) is (_fp8 or _fp8_dtype()):
-        return True
+def needs_repair(backend, layer, wrapped):
+    """False only where upstream's arguments are provably the release's. A KV cache that is not
+    FP8: the layer's ``k_scale_float`` None or 1.0 (the release's ``1.0 * 1.0 * layer.scaling``
+    and ``bmm2_scale = 1.0`` are then 0.5.15's ``layer.scaling`` and 1). An FP8 cache: the scales
+    0.5.15 reads (``k_scale_float``, else ``k_scale``; ``v_scale_float``, else ``v_scale``) absent
+    or 1.0, and not ``forward_extend`` on XQA (where target verify keeps BF16 Q): the common FP8
+    cache without checkpoint scales. May say True where nothing differs, never the reverse."""
     k_scale = getattr(layer, "k_scale_float", None)
-    return not (k_scale is None or (k_scale.__class__ is float and k_scale == 1.0))
+    unit_k = k_scale is None or (k_scale.__class__ is float and k_scale == 1.0)
+    if getattr(backend, "data_type", None) is not (_fp8 or _fp8_dtype()):
+        return not unit_k
+    if not unit_k or (k_scale is None and getattr(layer, "k_scale", None) is not None):
+        return True
+    v_scale = getattr(layer, "v_scale_float", None)
+    if v_scale is None:
+        if getattr(layer, "v_scale", None) is not None:
+            return True
+    elif not (v_scale.__class__ is float and v_scale == 1.0):
+        return True
+    return wrapped.__name__ == "forward_extend" and bool(getattr(backend, "is_xqa_impl", False))
 
 
 # --------------------------------------------------------------------------
@@ -157,7 +168,8 @@ def keeps_bf16_query(call):
     """0.5.15 casts Q to FP8 in ``forward_extend`` only ``if not self.is_xqa_impl or not
     forward_batch.forward_mode.is_target_verify()``; 0.5.10 to 0.5.13.post1 always do. True
     where upstream passes the kernel the un-cast query and the release a cast one.
-    (``forward_decode``'s cast is 0.5.15's already; ``is_xqa_impl`` absent reads as False.)"""
+    (The PRs change no other cast: ``forward_decode``'s is the release's own, also in 0.5.1 to
+    0.5.4.post1, which cast no Q at all; ``is_xqa_impl`` absent reads as False.)"""
     return (
         call.method == "forward_extend"
         and call.backend.data_type == (_fp8 or _fp8_dtype())
@@ -176,8 +188,9 @@ def shaped_as_the_release_does(function, q, layer):
 
 
 def upstream_arguments(call, kwargs):
-    """The kernel's keyword arguments as 0.5.15's code passes them for the noted call: SGLang's
-    own objects, with the two scales (and, on XQA target verify, the query) upstream gives."""
+    """The kernel's keyword arguments as upstream's change applied to the release passes them for
+    the noted call: SGLang's own objects, with the two scales (and, on XQA target verify, the
+    query) upstream gives."""
     bmm1_scale, bmm2_scale = bmm_scales(call.backend, call.layer)
     repaired = dict(kwargs, bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale)
     if keeps_bf16_query(call):
@@ -198,13 +211,13 @@ def note_the_call(module, wrapped, instance, args, kwargs):
     """wrapt wrapper of ``forward_decode`` and ``forward_extend``. A call that needs no repair
     runs SGLang's method and nothing else. One that does is noted for the gate until it
     returns. A call the method rejects raises SGLang's own error (binding here fails quietly)."""
-    if instance is not None and len(args) > 3 and not needs_repair(instance, args[3]):
+    if instance is not None and len(args) > 3 and not needs_repair(instance, args[3], wrapped):
         return wrapped(*args, **kwargs)  # SGLang's positional call (RadixAttention -> forward)
     try:
         backend, q, layer, forward_batch = (
             _arguments(*args, **kwargs) if instance is None else _arguments(instance, *args, **kwargs)
         )
-        needed = needs_repair(backend, layer)
+        needed = needs_repair(backend, layer, wrapped)
     except Exception:
         return wrapped(*args, **kwargs)  # SGLang's method raises its own error, or runs as it would
     if not needed:
@@ -243,7 +256,8 @@ def _noted_runner():
     """``_run_noted_call``, run eagerly under ``torch.compile``: TorchDynamo cannot trace a context
     variable's set and reset around a call (it baked the gate's branch in at trace time and the
     kernel got the release's arguments), so a call that needs a repair is a graph break and runs as
-    in eager mode; calls that need none are traced as without the hotfix."""
+    in eager mode. (The method wrapper itself is a graph break for every call: ``patch``'s
+    ``_TRACERS_CALL_IT``; SGLang's method it calls is compiled as a frame of its own.)"""
     global _run_noted
     runner = _run_noted_call
     try:
@@ -325,15 +339,16 @@ def _gate_class():
         def __init__(self, submodule, kernel_name, gate):
             super().__init__(submodule)
             self._self_kernel_name, self._self_gate = kernel_name, gate
-            self._self_kernel = self._self_gated = None
+            self._self_pair = (None, None)  # (kernel, its gated kernel): one object, swapped whole
 
         def __getattr__(self, name):
             found = getattr(self.__wrapped__, name)
             if name != self._self_kernel_name:
                 return found
-            if found is not self._self_kernel:  # a kernel replaced since: gate that one
-                self._self_kernel, self._self_gated = found, _GatedKernel(found, self._self_gate)
-            return self._self_gated
+            pair = self._self_pair  # read once: another thread may swap it meanwhile
+            if pair[0] is not found:  # a kernel replaced since (a profiler, a mock): gate that one
+                pair = self._self_pair = (found, _GatedKernel(found, self._self_gate))
+            return pair[1]
 
     class FlashInferGate(patch.GateProxy):
         """The module's global ``flashinfer`` once pr28144 armed it: FlashInfer itself, looked up
