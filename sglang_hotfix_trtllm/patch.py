@@ -50,33 +50,72 @@ class NotWrappable(Exception):
 
 
 class Applied:
-    """One wrapped method: the class (weakly), the record, the method's name,
-    the original function object and our wrapper. Calling it answers wrapt's
-    ``enabled`` question: False once ``remove()`` turned the wrapper off in place."""
+    """One record's part in one wrapped method: the class (weakly), the record, the method's
+    name, the original function object, our wrapper, and the ``Joined`` set of the records that
+    share that wrapper. ``enabled``: False once ``remove()`` turned the record off."""
 
-    __slots__ = ("cls_ref", "hotfix", "method_name", "original", "wrapper", "enabled", "__weakref__")
+    __slots__ = ("cls_ref", "hotfix", "method_name", "original", "wrapper", "joined", "_enabled", "__weakref__")
 
-    def __init__(self, cls, hotfix, method_name, original):
+    def __init__(self, cls, hotfix, method_name, original, joined):
         self.cls_ref = weakref.ref(cls)
         self.hotfix = hotfix
         self.method_name = method_name
         self.original = original
         self.wrapper = None
-        self.enabled = True
+        self.joined = joined
+        self._enabled = True
+        joined.add(self)
+
+    @property
+    def enabled(self):
+        return self._enabled
+
+    @enabled.setter
+    def enabled(self, value):
+        self._enabled = value
+        self.joined.refresh()
+
+
+class Joined:
+    """The records whose parts share one wrapper: one record alone, or the records of one
+    ``Hotfix.site`` on one method (pr28144 and pr31667 on ``forward_decode``). Calling it answers
+    wrapt's ``enabled`` question (any record on); ``active`` holds the names of the records on,
+    in catalog order: a site's wrapper applies their repairs in that order (upstream's order of
+    statements, decided once, as livepatch's cumulative patches and pluggy's ordered hook list do)."""
+
+    __slots__ = ("entries", "active", "__weakref__")
+
+    def __init__(self):
+        self.entries, self.active = [], ()
+
+    def add(self, entry):
+        self.entries.append(entry)
+        self.refresh()
+
+    def refresh(self):
+        from .records import catalog  # imported by the engine before anything is wrapped
+
+        order = {hotfix.name: index for index, hotfix in enumerate(catalog.HOTFIXES)}
+        on = [entry.hotfix.name for entry in self.entries if entry._enabled]
+        self.active = tuple(sorted(on, key=lambda name: order.get(name, len(order))))
+
+    def entry_of(self, hotfix):
+        return next((entry for entry in self.entries if entry.hotfix.name == hotfix.name), None)
 
     def __call__(self):
-        return self.enabled
+        return bool(self.active)
 
 
 class Gate:
-    """One module global replaced by a record's gate (``Hotfix.gates``): the
-    module (weakly), the name, what it held and the gate put there."""
+    """One module global replaced by a gate (``Hotfix.gates``): the module (weakly), the record
+    that armed it, the name, what it held, the gate put there and the function that made it (the
+    gate's identity: records of one site name the same ``make_gate`` and share one gate)."""
 
-    __slots__ = ("module_ref", "hotfix", "name", "original", "gate")
+    __slots__ = ("module_ref", "hotfix", "name", "original", "gate", "make_gate")
 
-    def __init__(self, module, hotfix, name, original, gate):
+    def __init__(self, module, hotfix, name, original, gate, make_gate):
         self.module_ref = weakref.ref(module)
-        self.hotfix, self.name, self.original, self.gate = hotfix, name, original, gate
+        self.hotfix, self.name, self.original, self.gate, self.make_gate = hotfix, name, original, gate, make_gate
 
 
 # wrapt forwards ``__class__`` and ``__code__`` to the wrapped function, so TorchDynamo takes a
@@ -109,8 +148,22 @@ def _is_ours(attribute, hotfix, method_name):
     try:
         return (
             isinstance(attribute, HotfixWrapper)
-            and attribute._self_hotfix_name == hotfix.name
             and attribute._self_method_name == method_name
+            and attribute._self_enabled.entry_of(hotfix) is not None
+        )
+    except Exception:
+        return False
+
+
+def _is_site_wrapper(attribute, hotfix, method_name):
+    """Our wrapper of ``method_name`` made for another record of ``hotfix``'s site: joined, never
+    refused (a record of the same site is not "someone else")."""
+    try:
+        return (
+            hotfix.site is not None
+            and isinstance(attribute, HotfixWrapper)
+            and attribute._self_method_name == method_name
+            and attribute._self_site == hotfix.site
         )
     except Exception:
         return False
@@ -146,13 +199,14 @@ def _cell_holds(cell, value):
         return False
 
 
-def _ours_in_chain(attribute, hotfix, method_name):
+def _ours_in_chain(attribute, hotfix, method_name, test=None):
     """Our wrapper of ``method_name`` when it is the attribute or sits below another
     wrapper (a wrapper made around ours as seen through the class holds wrapt's
     bound wrapper, whose ``_self_parent`` is ours); else None."""
+    test = test or _is_ours
     for layer in _chain(attribute):
         for candidate in (layer, getattr(layer, "_self_parent", None)):
-            if _is_ours(candidate, hotfix, method_name):
+            if test(candidate, hotfix, method_name):
                 return candidate
     return None
 
@@ -259,20 +313,33 @@ def wrap(hotfix, module, assessment):
         cls = getattr(module, hotfix.class_name)
         found = [(name, cls.__dict__[name]) for name in hotfix.method_names]
         ours = [_ours_in_chain(current, hotfix, name) for name, current in found]
-        # All or none: each method holds ours already (on, or turned off in place by remove()) or is
-        # SGLang's own function; anything else on one of them and the record stands aside for all.
-        for (name, current), wrapper in zip(found, ours):
-            problem = None if wrapper is not None else _check_wrappable(hotfix, name, current, assessment)
+        shared = [_ours_in_chain(current, hotfix, name, _is_site_wrapper) for name, current in found]
+        # All or none: each method holds ours already (on, or turned off in place by remove()), a
+        # wrapper of this record's site (joined), or SGLang's own function; anything else on one of
+        # them and the record stands aside for all.
+        for (name, current), wrapper, site_wrapper in zip(found, ours, shared):
+            problem = None
+            if wrapper is None and site_wrapper is None:
+                problem = _check_wrappable(hotfix, name, current, assessment)
             if problem:
                 raise NotWrappable(problem)
-        resumed = _resume([wrapper for wrapper in ours if wrapper is not None])
+        resumed = _resume(hotfix, [wrapper for wrapper in ours if wrapper is not None])
         fresh = False
-        for (name, current), wrapper in zip(found, ours):
+        for (name, current), wrapper, site_wrapper in zip(found, ours, shared):
             if wrapper is not None:
                 continue
-            entry = Applied(cls, hotfix, name, current)
-            wrapper = HotfixWrapper(current, functools.partial(hotfix.wrapper, module), enabled=entry)
-            wrapper._self_hotfix_name = hotfix.name
+            if site_wrapper is not None:  # another record of the site wraps it: one wrapper, joined
+                entry = Applied(cls, hotfix, name, site_wrapper.__wrapped__, site_wrapper._self_enabled)
+                entry.wrapper = site_wrapper
+                _applied.append(entry)
+                fresh = True
+                continue
+            joined = Joined()
+            entry = Applied(cls, hotfix, name, current, joined)
+            # A site's wrapper is told which of its records are on (``joined.active``).
+            bound = (module, joined) if hotfix.site is not None else (module,)
+            wrapper = HotfixWrapper(current, functools.partial(hotfix.wrapper, *bound), enabled=joined)
+            wrapper._self_site = hotfix.site
             wrapper._self_method_name = name
             entry.wrapper = wrapper
             setattr(cls, name, wrapper)
@@ -281,11 +348,11 @@ def wrap(hotfix, module, assessment):
         return "wrapped" if fresh or resumed else "already"
 
 
-def _resume(ours):
+def _resume(hotfix, ours):
     """Every method already holds our wrapper. True when some were off (apply() after a
     remove() that turned them off in place, or after someone put ours back: a
     mock.patch.object undone): now in force again, and recorded again."""
-    entries = [wrapper._self_enabled for wrapper in ours]  # the Applied records they were made with
+    entries = [wrapper._self_enabled.entry_of(hotfix) for wrapper in ours]  # this record's parts
     if all(entry.enabled and entry in _applied for entry in entries):
         return False
     for entry in entries:
@@ -296,12 +363,14 @@ def _resume(ours):
 
 
 def _gate_in_force(hotfix, module, name):
-    """Our gate for ``name`` is recorded and reached through the module's global (itself, or
-    under someone's proxy that forwards to it)."""
+    """Our gate for ``name`` (the one this record's ``make_gate`` makes: shared by the records of
+    one site) is recorded and reached through the module's global (itself, or under someone's
+    proxy that forwards to it)."""
     value = vars(module).get(name)
+    make_gate = dict(hotfix.gates).get(name)
     return any(
         isinstance(e, Gate)
-        and e.hotfix is hotfix
+        and e.make_gate is make_gate
         and e.name == name
         and e.module_ref() is module
         and _holds(value, e.gate)
@@ -339,7 +408,7 @@ def _install_gates(hotfix, module):
             original = original.__wrapped__
         gate = make_gate(module, original)
         setattr(module, name, gate)
-        _applied.append(Gate(module, hotfix, name, original, gate))
+        _applied.append(Gate(module, hotfix, name, original, gate, make_gate))
         installed = True
     return installed
 
@@ -354,7 +423,7 @@ def remove_all():
     object goes back. Ours under another wrapper: it stays in that chain,
     turned off. Replaced by someone else: nothing else to undo.
     """
-    restored = 0
+    restored = set()  # (class, method): a method several records share counts once
     with _lock:
         for entry in _applied:
             if isinstance(entry, Gate):
@@ -367,10 +436,15 @@ def remove_all():
             target = "%s.%s.%s" % (entry.hotfix.module, entry.hotfix.class_name, entry.method_name)
             current = cls.__dict__.get(entry.method_name)
             if current is entry.wrapper:
-                setattr(cls, entry.method_name, entry.original)
-                restored += 1
+                if not entry.joined.active:  # the last record on this wrapper puts SGLang's method back
+                    setattr(cls, entry.method_name, entry.original)
+                restored.add((cls, entry.method_name))
+            elif (cls, entry.method_name) in restored and current is entry.original:
+                pass  # put back already, by another record of the same wrapper
             elif _ours_in_chain(current, entry.hotfix, entry.method_name) is not None:
-                restored += 1
+                if (cls, entry.method_name) in restored:
+                    continue
+                restored.add((cls, entry.method_name))
                 say(
                     logging.WARNING,
                     "%s: another wrapper sits on top of the hotfix's; the hotfix is turned off "
@@ -386,8 +460,8 @@ def remove_all():
                 )
         _applied.clear()  # what stays reachable is found again through the class by wrap()
     if restored:
-        say(logging.INFO, "removed: %d method(s) restored to SGLang's original", restored, once_key="removed")
-    return restored
+        say(logging.INFO, "removed: %d method(s) restored to SGLang's original", len(restored), once_key="removed")
+    return len(restored)
 
 
 def _remove_gate(entry):
@@ -420,21 +494,23 @@ def is_patched(hotfix, cls):
     with _lock:
         for name in hotfix.method_names:
             ours = _ours_in_chain(cls.__dict__.get(name), hotfix, name)
-            if ours is None or not ours._self_enabled.enabled:
+            if ours is None or not ours._self_enabled.entry_of(hotfix).enabled:
                 return False
         if not hotfix.gates:
             return True
         module = _module_of(hotfix, cls)
         if module is None:  # no gate was ever put: the module had none of the globals it gates
             return True
-        armed = {e.name for e in _applied if isinstance(e, Gate) and e.hotfix is hotfix and e.module_ref() is module}
+        makers = {make_gate for _, make_gate in hotfix.gates}
+        armed = {e.name for e in _applied if isinstance(e, Gate) and e.make_gate in makers and e.module_ref() is module}
         return all(name not in armed or _gate_in_force(hotfix, module, name) for name, _ in hotfix.gates)
 
 
 def _module_of(hotfix, cls):
     """The module whose class ``cls`` is: the one a gate of this record went into, else the
     one registered under the class's module name (when it holds this class)."""
-    candidates = [e.module_ref() for e in _applied if isinstance(e, Gate) and e.hotfix is hotfix]
+    makers = {make_gate for _, make_gate in hotfix.gates}
+    candidates = [e.module_ref() for e in _applied if isinstance(e, Gate) and e.make_gate in makers]
     candidates.append(sys.modules.get(cls.__module__))
     for module in candidates:
         if module is not None and vars(module).get(hotfix.class_name) is cls:

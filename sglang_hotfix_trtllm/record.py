@@ -100,6 +100,13 @@ class Hotfix(Value):
       value)`` (a proxy through which the module's own code reaches ``value``),
       and put back by ``remove()``. For a repair that must change what the
       method passes to a function it calls (pr28144: FlashInfer's kernels).
+      Installed at the first call that needs them (the wrapper asks ``patch.arm_gates``).
+    * ``site``: None, or the name of a call site several records repair together (pr28144 and
+      pr31667: FlashInfer's kernel call in ``forward_decode``). Records of one site name the same
+      ``wrapper`` and ``gates``; on a method they share, the first one applied wraps it and the
+      others join that wrapper (one wrapt layer, one gate), each keeping its own verdict, switch,
+      line, status block and metric. A site's wrapper is called as ``wrapper(module, joined,
+      wrapped, instance, args, kwargs)``, ``joined.active`` naming the records on, in catalog order.
     """
 
     __slots__ = (
@@ -115,8 +122,17 @@ class Hotfix(Value):
         "probe",
         "also",
         "gates",
+        "site",
     )
-    _defaults = {"known_fingerprints": {}, "probe": None, "summary": "", "effect": "patched", "also": (), "gates": ()}
+    _defaults = {
+        "known_fingerprints": {},
+        "probe": None,
+        "summary": "",
+        "effect": "patched",
+        "also": (),
+        "gates": (),
+        "site": None,
+    }
 
     @property
     def module(self):

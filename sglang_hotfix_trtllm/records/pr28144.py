@@ -55,20 +55,20 @@ take their scales from a ``_get_bmm_scales`` of a known fingerprint (0.5.14 on).
 """
 
 import ast
-import contextvars
 import logging
 import os
 
 from .. import detect, logs
+from . import trtllm_kernel_routes as routes
+from . import trtllm_kernel_site as site
 from ..fingerprint import of_node
 from ..record import Classification, Hotfix, Verdict
 from ..release_table import ReleaseTable
 
-CLASS_NAME = "TRTLLMHAAttnBackend"
+CLASS_NAME = site.CLASS_NAME
 METHODS = ("forward_decode", "forward_extend")
-GATED_GLOBAL = "flashinfer"
-# FlashInfer's kernels as the backend reaches them: flashinfer.<submodule>.<function>.
-KERNELS = {"decode": "trtllm_batch_decode_with_kv_cache", "prefill": "trtllm_batch_context_with_kv_cache"}
+GATED_GLOBAL = site.GATED_GLOBAL
+KERNELS = site.KERNELS
 UPSTREAM = "SGLang 0.5.15 (PR #28144 as revised by PR #29423)"
 
 
@@ -86,7 +86,7 @@ def _fp8_dtype():
     return _fp8
 
 
-def needs_repair(backend, layer, wrapped):
+def needs_repair(backend, layer, q, wrapped):
     """False only where upstream's arguments are provably the release's. A KV cache that is not
     FP8: the layer's ``k_scale_float`` None or 1.0 (the release's ``1.0 * 1.0 * layer.scaling``
     and ``bmm2_scale = 1.0`` are then 0.5.15's ``layer.scaling`` and 1). An FP8 cache: the scales
@@ -110,25 +110,6 @@ def needs_repair(backend, layer, wrapped):
 
 # --------------------------------------------------------------------------
 # The repair: 0.5.15's helpers, as functions of the noted call
-
-
-class Call:
-    """One wrapped call that needs a repair, as the gate needs it."""
-
-    __slots__ = ("function", "method", "backend", "q", "layer", "forward_batch", "used")
-
-    def __init__(self, function, backend, q, layer, forward_batch):
-        self.function, self.method = function, function.__name__  # SGLang's method, as wrapt calls it
-        self.backend, self.q, self.layer, self.forward_batch = backend, q, layer, forward_batch
-        self.used = False  # one kernel call per method call: a second one passes through
-
-
-_current_call = contextvars.ContextVar("sglang_hotfix_trtllm_pr28144_call", default=None)
-
-
-def _arguments(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-    """Binds a call exactly as both methods' parameter lists do (classify() pins them by fingerprint)."""
-    return self, q, layer, forward_batch
 
 
 def scalar_scale(layer, float_attr, scale_attr):
@@ -203,176 +184,8 @@ def upstream_arguments(call, kwargs):
     return repaired
 
 
-def _target(method):
-    return "%s.%s.%s" % (HOTFIX.module, CLASS_NAME, method)
-
-
-def note_the_call(module, wrapped, instance, args, kwargs):
-    """wrapt wrapper of ``forward_decode`` and ``forward_extend``. A call that needs no repair
-    runs SGLang's method and nothing else. One that does is noted for the gate until it
-    returns. A call the method rejects raises SGLang's own error (binding here fails quietly)."""
-    if instance is not None and len(args) > 3 and not needs_repair(instance, args[3], wrapped):
-        return wrapped(*args, **kwargs)  # SGLang's positional call (RadixAttention -> forward)
-    try:
-        backend, q, layer, forward_batch = (
-            _arguments(*args, **kwargs) if instance is None else _arguments(instance, *args, **kwargs)
-        )
-        needed = needs_repair(backend, layer, wrapped)
-    except Exception:
-        return wrapped(*args, **kwargs)  # SGLang's method raises its own error, or runs as it would
-    if not needed:
-        return wrapped(*args, **kwargs)
-    return (_run_noted or _noted_runner())(
-        module, wrapped, args, kwargs, Call(wrapped, backend, q, layer, forward_batch)
-    )
-
-
-def _run_noted_call(module, wrapped, args, kwargs, call):
-    """SGLang's method with ``call`` noted for the gate until it returns (the gate put in the
-    module first, if it is not there yet)."""
-    method = call.method
-    if not _gate_in_place(module):
-        logs.repair_skipped(_target(method), HOTFIX.name, LookupError(_no_gate_reason(module)), kind="no-gate")
-        return wrapped(*args, **kwargs)
-    token = _current_call.set(call)
-    try:
-        result = wrapped(*args, **kwargs)
-    finally:
-        _current_call.reset(token)
-    if not call.used:
-        # Every release this record accepts calls one kernel per call, through the module's
-        # ``flashinfer``: a call that returned without passing the gate reached the kernel some
-        # other way (the global replaced after the gate went in), unrepaired.
-        logs.repair_skipped(
-            _target(method), HOTFIX.name, LookupError("the kernel call did not pass the gate"), kind="no-gate"
-        )
-    return result
-
-
-_run_noted = None
-
-
-def _noted_runner():
-    """``_run_noted_call``, run eagerly under ``torch.compile``: TorchDynamo cannot trace a context
-    variable's set and reset around a call (it baked the gate's branch in at trace time and the
-    kernel got the release's arguments), so a call that needs a repair is a graph break and runs as
-    in eager mode. (The method wrapper itself is a graph break for every call: ``patch``'s
-    ``_TRACERS_CALL_IT``; SGLang's method it calls is compiled as a frame of its own.)"""
-    global _run_noted
-    runner = _run_noted_call
-    try:
-        import torch
-
-        runner = torch.compiler.disable(_run_noted_call)
-    except Exception:  # a torch without torch.compiler: nothing compiles these calls there either
-        pass
-    _run_noted = runner
-    return runner
-
-
-def _gate_in_place(module):
-    """The gate is the module's ``flashinfer`` (put there now if it is not yet: the first call
-    that needs a repair arms it). False when it cannot be put there."""
-    current = module.__dict__.get(GATED_GLOBAL)
-    if type(current) is _gate_classes.get("flashinfer") and current._self_hotfix_on:
-        return True
-    from .. import patch
-
-    return patch.arm_gates(HOTFIX, module)
-
-
-def _no_gate_reason(module):
-    if GATED_GLOBAL not in module.__dict__:
-        return "the module has no global %s (FlashInfer not imported)" % GATED_GLOBAL
-    return "the hotfix's gate could not be put in %s.%s" % (HOTFIX.module, GATED_GLOBAL)
-
-
-class _GatedKernel:
-    """A FlashInfer kernel as the gated module reaches it."""
-
-    # No __slots__: TorchDynamo guards on the kernel's ``__dict__`` as SGLang's code reaches it.
-    def __init__(self, kernel, gate):
-        self.kernel, self.gate = kernel, gate
-
-    def __call__(self, *args, **kwargs):
-        call = _current_call.get()
-        if call is None or call.used or not self.gate._self_hotfix_on:
-            return self.kernel(*args, **kwargs)  # nothing to repair here, or remove() turned it off
-        call.used = True
-        if args:
-            # SGLang's own calls pass keywords only (classify() pins them): a positional call comes
-            # from someone else's code between the gate and the kernel. Stand aside, and say so.
-            logs.repair_skipped(
-                _target(call.method),
-                HOTFIX.name,
-                TypeError("the kernel was called with %d positional argument(s)" % len(args)),
-                kind="positional",
-            )
-            return self.kernel(*args, **kwargs)
-        try:
-            repaired = upstream_arguments(call, kwargs)
-        except Exception as error:
-            # The repair could not be computed before the kernel ran: SGLang's own call.
-            logs.repair_skipped(_target(call.method), HOTFIX.name, error, kind="not-computed")
-            return self.kernel(**kwargs)
-        return self.kernel(**repaired)  # what it raises propagates, as upstream's call would
-
-    def __getattr__(self, name):
-        return getattr(self.kernel, name)
-
-
-_gate_classes = {}  # made once, at the first gate (they subclass patch's GateProxy, which needs wrapt)
-
-
-def _gate_class():
-    if _gate_classes:
-        return _gate_classes["flashinfer"]
-    from .. import patch  # imported only when a gate is armed, as patch itself
-
-    class FlashInferSubmoduleGate(patch.GateProxy):
-        """``flashinfer.decode`` / ``flashinfer.prefill`` as the gated module reaches them: the
-        submodule (attribute writes and deletions go to it, so ``mock.patch`` through the
-        backend's name patches FlashInfer itself, as without the hotfix), its kernel looked up at
-        each access as SGLang's own code looks it up (a kernel replaced later, by a profiler, a
-        mock or a HookRegistry hook, is the one called, with upstream's arguments), and gated."""
-
-        def __init__(self, submodule, kernel_name, gate):
-            super().__init__(submodule)
-            self._self_kernel_name, self._self_gate = kernel_name, gate
-            self._self_pair = (None, None)  # (kernel, its gated kernel): one object, swapped whole
-
-        def __getattr__(self, name):
-            found = getattr(self.__wrapped__, name)
-            if name != self._self_kernel_name:
-                return found
-            pair = self._self_pair  # read once: another thread may swap it meanwhile
-            if pair[0] is not found:  # a kernel replaced since (a profiler, a mock): gate that one
-                pair = self._self_pair = (found, _GatedKernel(found, self._self_gate))
-            return pair[1]
-
-    class FlashInferGate(patch.GateProxy):
-        """The module's global ``flashinfer`` once pr28144 armed it: FlashInfer itself, looked up
-        at each access, but for the kernels' submodules (a gate kept per submodule object)."""
-
-        def __init__(self, gated):
-            super().__init__(gated)
-            self._self_submodule_gates = {}
-
-        def __getattr__(self, name):
-            submodule = getattr(self.__wrapped__, name)
-            if name not in KERNELS:
-                return submodule
-            kept = self._self_submodule_gates.get(name)
-            if kept is None or kept.__wrapped__ is not submodule:
-                kept = self._self_submodule_gates[name] = FlashInferSubmoduleGate(submodule, KERNELS[name], self)
-            return kept
-
-    _gate_classes.update(flashinfer=FlashInferGate, submodule=FlashInferSubmoduleGate)
-    return FlashInferGate
-
-
-def make_gate(module, flashinfer):
-    return _gate_class()(flashinfer)
+site.register("pr28144", needs_repair, lambda call, kwargs: upstream_arguments(call, kwargs))
+make_gate = site.make_gate
 
 
 # --------------------------------------------------------------------------
@@ -407,94 +220,6 @@ UPSTREAM_STATEMENT = "bmm1_scale, bmm2_scale = self._get_bmm_scales(layer, q_sca
 
 def _pair_fingerprint(methods):
     return of_node(ast.Module(body=list(methods), type_ignores=[]))
-
-
-def _flashinfer_problem(tree):
-    """None when the module binds ``flashinfer`` only by ``import flashinfer`` at its top level
-    (SGLang guards it with ``if is_flashinfer_available():``), once."""
-    imports = []
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            for alias in node.names:
-                bound = alias.asname or alias.name.split(".")[0]
-                if bound == GATED_GLOBAL:
-                    imports.append((node, alias))
-        elif isinstance(node, ast.Name) and node.id == GATED_GLOBAL and not isinstance(node.ctx, ast.Load):
-            return "the module rebinds %s (line %d)" % (GATED_GLOBAL, node.lineno)
-        elif isinstance(node, (ast.Global, ast.Nonlocal)) and GATED_GLOBAL in node.names:
-            return "`%s %s` (line %d)" % (type(node).__name__.lower(), GATED_GLOBAL, node.lineno)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == GATED_GLOBAL:
-            return "a definition named %s (line %d)" % (GATED_GLOBAL, node.lineno)
-    plain = [(n, a) for n, a in imports if isinstance(n, ast.Import) and a.name == GATED_GLOBAL and a.asname is None]
-    if len(imports) != 1 or len(plain) != 1:
-        return "%s is not bound once, by `import %s`" % (GATED_GLOBAL, GATED_GLOBAL)
-    return None
-
-
-def _imports_a_kernel_route(node):
-    """An import that binds a kernel, or the submodule holding one, under a name of the module's
-    own (``from flashinfer.decode import trtllm_batch_decode_with_kv_cache as k``, ``from
-    flashinfer import decode``, ``import flashinfer.prefill as p``, a star import): a route to
-    the kernel that does not pass the gate."""
-    if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == GATED_GLOBAL:
-        names = {alias.name for alias in node.names}
-        return bool(names & (set(KERNELS) | set(KERNELS.values()) | {"*"})) or node.module != GATED_GLOBAL
-    if isinstance(node, ast.Import):
-        return any(alias.name.startswith(GATED_GLOBAL + ".") and alias.asname for alias in node.names)
-    return False
-
-
-def _kernel_route_problem(tree, methods):
-    """None when nothing but the two live methods reaches ``flashinfer`` or names a kernel
-    (the gate must see only the kernel calls those methods prepare). Earlier definitions of the
-    class or of the methods count too: an alias can keep them callable."""
-    inside = {id(node) for method in methods for node in ast.walk(method)}
-    for node in ast.walk(tree):
-        if id(node) in inside:
-            continue
-        if _imports_a_kernel_route(node):
-            return (
-                "the module binds a FlashInfer kernel or its submodule by import (line %d): a route around "
-                "the gate" % node.lineno
-            )
-        named = (
-            (isinstance(node, ast.Name) and node.id in (GATED_GLOBAL,) + tuple(KERNELS.values()))
-            or (isinstance(node, ast.Attribute) and node.attr in KERNELS.values())
-            or (isinstance(node, ast.Constant) and node.value in (GATED_GLOBAL,) + tuple(KERNELS.values()))
-        )
-        if named and not isinstance(getattr(node, "ctx", None), ast.Store):
-            return "code outside forward_decode / forward_extend reaches %s or a TRT-LLM kernel (line %d)" % (
-                GATED_GLOBAL,
-                node.lineno,
-            )
-    return None
-
-
-def _helpers_problem(cls, methods, live):
-    """None when every method of the class the two call is, by name, a known release's code."""
-    called = sorted(
-        {
-            node.attr
-            for method in methods
-            for node in ast.walk(method)
-            if isinstance(node, ast.Attribute)
-            and isinstance(node.value, ast.Name)
-            and node.value.id == "self"
-            and any(isinstance(n, ast.FunctionDef) and n.name == node.attr for n in cls.body)
-        }
-        - set(METHODS)
-    )
-    for name in called:
-        function, problem = live.get(name, (None, "%s.%s is not examined" % (CLASS_NAME, name)))
-        if problem or function is None:
-            return problem or "%s.%s not found" % (CLASS_NAME, name)
-        if name not in HELPERS or of_node(function) not in HELPERS[name]:
-            return "%s.%s, which the two methods call, is not the code of a known release (fingerprint %s)" % (
-                CLASS_NAME,
-                name,
-                of_node(function),
-            )
-    return None
 
 
 def classify(tree):
@@ -535,7 +260,7 @@ def classify(tree):
             "forward_decode / forward_extend are not the code of a release this hotfix knows "
             "(fingerprints %s / %s)" % pair,
         )
-    problem = _flashinfer_problem(tree) or _kernel_route_problem(tree, methods) or _helpers_problem(cls, methods, live)
+    problem = routes.problem(tree, cls, live, methods, HELPERS)
     if problem:
         return verdict(Verdict.UNKNOWN, problem)
     return verdict(
@@ -555,8 +280,9 @@ HOTFIX = Hotfix(
     distribution="sglang",
     target="sglang.srt.layers.attention.trtllm_mha_backend.%s.%s" % (CLASS_NAME, METHODS[0]),
     also=METHODS[1:],
-    gates=((GATED_GLOBAL, make_gate),),  # armed by the first call that needs a repair
+    gates=((GATED_GLOBAL, site.make_gate),),  # armed by the first call that needs a repair
     classify=classify,
-    wrapper=note_the_call,
+    wrapper=site.note_the_call,
+    site=site.SITE,
     known_fingerprints=ReleaseTable(os.path.join(os.path.dirname(os.path.abspath(__file__)), "pr28144_releases.json")),
 )

@@ -425,19 +425,52 @@ def _install(module, code, names):
         setattr(cls, name, holder.__dict__[name])  # __dict__: the staticmethod object itself
 
 
-def upstream_module(release_dir, fixed_dir):
-    """The release's module with upstream's fix applied: 0.5.15's helpers on the class and
-    0.5.15's statements in the release's two methods (compiled from the release's file)."""
+def upstream_module(release_dir, fixed_dir, scales=True, packed_query_dir=None):
+    """The release's module with upstream's fixes applied (compiled from the release's file):
+    ``scales``, PR #28144 as #29423 revised it (0.5.15's helpers on the class and 0.5.15's
+    statements in the release's two methods, ``fixed_dir`` holding 0.5.15); ``packed_query_dir``
+    (a folder holding 0.5.16), PR #31667: 0.5.16's ``if self.is_xqa_impl: ... else: ...`` in
+    place of the release's ``q = q.reshape(...)`` in ``forward_decode``."""
     module = load_backend_module(release_dir)
     fixed_path, path = fixed_dir / BACKEND, release_dir / BACKEND
-    fixed = _methods(_backend_class(fixed_path))
-    helpers = [fixed[name] for name in UPSTREAM_HELPERS]
-    _install(module, _holder(helpers, fixed_path), UPSTREAM_HELPERS)
     own = _methods(_backend_class(path))
-    for name in METHODS:
-        _apply_fix(own[name], fixed[name])
+    if scales:
+        fixed = _methods(_backend_class(fixed_path))
+        helpers = [fixed[name] for name in UPSTREAM_HELPERS]
+        _install(module, _holder(helpers, fixed_path), UPSTREAM_HELPERS)
+        for name in METHODS:
+            _apply_fix(own[name], fixed[name])
+    if packed_query_dir is not None:
+        _apply_packed_query(
+            own["forward_decode"], _methods(_backend_class(packed_query_dir / BACKEND))["forward_decode"]
+        )
     _install(module, _holder([own[name] for name in METHODS], path), METHODS)
     return module
+
+
+def _is_xqa_query_choice(statement):
+    """0.5.16's ``if self.is_xqa_impl: q = q.contiguous().view(...) else: q = q.reshape(...)``."""
+    return (
+        isinstance(statement, ast.If)
+        and _is_self_attribute(statement.test, "is_xqa_impl")
+        and len(statement.body) == len(statement.orelse) == 1
+        and all(_is_q_reshape(s) for s in statement.body + statement.orelse)
+    )
+
+
+def _apply_packed_query(method, fixed_method):
+    """PR #31667 on the release's ``forward_decode``, in place: its one ``q = q.reshape(...)``
+    becomes 0.5.16's statement."""
+    (choice,) = [s for body in _bodies(fixed_method) for s in body if _is_xqa_query_choice(s)]
+    reshapes = [
+        (body, i)
+        for body in _bodies(method)
+        for i, s in enumerate(body)
+        if _is_q_reshape(s) and s.value.func.attr == "reshape"
+    ]
+    assert len(reshapes) == 1, (method.name, "q reshapes", len(reshapes))
+    body, i = reshapes[0]
+    body[i] = _placed_at(choice, body[i].lineno)
 
 
 # --------------------------------------------------------------------------

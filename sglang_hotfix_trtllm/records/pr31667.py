@@ -1,0 +1,172 @@
+"""The hotfix record for SGLang PR #31667 ("Make Q contiguous before TRT-LLM MHA decode"): on
+XQA, FlashInfer's decode kernel gets a packed query.
+
+Standard library only at import.
+
+The bug (SGLang 0.5.11 to 0.5.15.post1): ``forward_decode`` prepares the query with
+``q = q.reshape(-1, layer.tp_q_head_num, layer.head_dim)`` (PR #22517 replaced
+``.contiguous().view(...)``) and passes it to ``flashinfer.decode.trtllm_batch_decode_with_kv_cache``.
+On SM90/SM120 that kernel is XQA, whose wrapper reads only ``q.data_ptr()`` and assumes packed rows
+(FlashInfer 0.6.7.post2 to 0.6.14; TRT-LLM-GEN on SM100 honours strides). The query is a strided
+view in every Llama-family model, EAGLE3 Llama draft and gpt-oss (a split of the fused QKV
+projection, rotated in place), so every row after the first of a decode batch attends with the
+wrong query. Upstream's fix, in 0.5.16::
+
+    if self.is_xqa_impl:
+        q = q.contiguous().view(-1, layer.tp_q_head_num, layer.head_dim)
+    else:
+        q = q.reshape(-1, layer.tp_q_head_num, layer.head_dim)
+
+The repair, through FlashInfer's kernel call site (``trtllm_kernel_site``, shared with pr28144):
+on XQA, the kernel's query is the method's own ``q`` (on XQA no release casts it first; 0.5.14's
+``_maybe_quantize_q`` returns it as it is) put through upstream's ``.contiguous().view(-1, H, D)``:
+upstream's operations on upstream's starting object, so dtype, shape, strides, storage offset and
+values are 0.5.16's. Off XQA nothing changes. A call whose query is already contiguous needs
+nothing (``reshape`` and ``.contiguous().view`` give the same view of it).
+
+Verdicts, from the live ``forward_decode``: ``affected`` when it is, by fingerprint, the code of
+0.5.11 to 0.5.15.post1 (and the module binds ``flashinfer`` once, nothing else reaches a kernel,
+the helpers it calls are known: ``trtllm_kernel_routes``); ``fixed`` when XQA gets a packed query:
+upstream's statement above (0.5.16 on), or an XQA path with ``.contiguous().view`` and no
+``reshape`` of ``q`` (0.5.10.x); ``not-applicable`` when the method has no XQA path and packs its
+query (0.5.1 to 0.5.9); ``unknown`` otherwise.
+"""
+
+import ast
+import os
+
+from .. import detect
+from . import trtllm_kernel_routes as routes
+from . import trtllm_kernel_site as site
+from ..fingerprint import of_node
+from ..record import Classification, Hotfix, Verdict
+from ..release_table import ReleaseTable
+
+CLASS_NAME = site.CLASS_NAME
+METHOD = "forward_decode"
+OTHER_KERNEL_CALLER = "forward_extend"  # reaches the kernels too: not a route around the gate
+UPSTREAM = "SGLang 0.5.16 (PR #31667)"
+PACKED = "q = q.contiguous().view(-1, layer.tp_q_head_num, layer.head_dim)"
+RESHAPED = "q = q.reshape(-1, layer.tp_q_head_num, layer.head_dim)"
+UPSTREAM_STATEMENT = "if self.is_xqa_impl:\n    %s\nelse:\n    %s" % (PACKED, RESHAPED)
+
+
+# --------------------------------------------------------------------------
+# The repair
+
+
+def needs_repair(backend, layer, q, wrapped):
+    """True where 0.5.16 passes another query: ``forward_decode`` on XQA with a query that is not
+    contiguous (of a contiguous one, ``reshape`` and ``.contiguous().view`` give the same view)."""
+    return wrapped.__name__ == METHOD and bool(getattr(backend, "is_xqa_impl", False)) and not q.is_contiguous()
+
+
+def upstream_query(call, kwargs):
+    """The kernel's keyword arguments with 0.5.16's query: the method's ``q``, packed."""
+    if call.method != METHOD or not getattr(call.backend, "is_xqa_impl", False):
+        return kwargs
+    layer, current = call.layer, kwargs["query"]
+    query = call.q.contiguous().view(-1, layer.tp_q_head_num, layer.head_dim)
+    if query.shape != current.shape or query.dtype != current.dtype:  # not the query this call prepared
+        raise ValueError(
+            "the kernel's query is %s %s, upstream's %s %s"
+            % (current.dtype, tuple(current.shape), query.dtype, tuple(query.shape))
+        )
+    return dict(kwargs, query=query)
+
+
+site.register("pr31667", needs_repair, lambda call, kwargs: upstream_query(call, kwargs))
+
+
+# --------------------------------------------------------------------------
+# Recognising the code
+
+# forward_decode fingerprints of the affected releases.
+AFFECTED = {
+    "ast1:cc7da69ada8dbf71": "0.5.11 to 0.5.12.post1",
+    "ast1:f770ae4e23ceb6fc": "0.5.13 to 0.5.13.post1",
+    "ast1:408cfdc71c08e784": "0.5.14",
+    "ast1:310a46c669f7e1c9": "0.5.15 to 0.5.15.post1",
+}
+# The methods of the class forward_decode calls before the kernel, by the affected releases' fingerprints.
+HELPERS = {
+    "_should_use_fused_fp8_path": frozenset(("ast1:967d4c50b64228ea",)),
+    "_fused_fp8_set_kv_buffer": frozenset(("ast1:1b341078429b8f0b", "ast1:bb51a4e04957ea7b")),
+    "_get_layer_page_table": frozenset(("ast1:493eaef90bae8bfe",)),
+    "_get_bmm_scales": frozenset(("ast1:1adea0f046f5ab58",)),
+    "_maybe_quantize_q": frozenset(("ast1:533b63635f966714",)),
+}
+
+
+def _statements(method):
+    return [ast.unparse(node) for node in ast.walk(method) if isinstance(node, ast.stmt)]
+
+
+def _reads_xqa(method):
+    return any(
+        isinstance(node, ast.Attribute)
+        and node.attr == "is_xqa_impl"
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
+        for node in ast.walk(method)
+    )
+
+
+def classify(tree):
+    """Classify the source of ``trtllm_mha_backend`` (an ``ast.Module``)."""
+    cls, class_problem = detect.live_class(tree, CLASS_NAME)
+    if cls is None:
+        return Classification(Verdict.UNKNOWN, class_problem, of_node(tree))
+    live = detect.live_methods(tree, cls, (METHOD, OTHER_KERNEL_CALLER) + tuple(HELPERS))
+    method, problem = live[METHOD]
+    if method is None:
+        return Classification(Verdict.UNKNOWN, problem or "%s.%s not found" % (CLASS_NAME, METHOD), of_node(cls))
+    fingerprint = of_node(method)
+
+    def verdict(value, reason):
+        return Classification(value, reason, fingerprint, detect.first_line_of(method))
+
+    statements = _statements(method)
+    if fingerprint in AFFECTED:
+        other, problem = live[OTHER_KERNEL_CALLER]
+        if problem or other is None:
+            return verdict(Verdict.UNKNOWN, problem or "%s.%s not found" % (CLASS_NAME, OTHER_KERNEL_CALLER))
+        problem = routes.problem(tree, cls, live, [method, other], HELPERS)
+        if problem:
+            return verdict(Verdict.UNKNOWN, problem)
+        return verdict(
+            Verdict.AFFECTED,
+            "forward_decode passes FlashInfer's XQA decode kernel `q.reshape(...)`, a strided view of a split QKV "
+            "projection, which XQA reads as packed rows. Repaired: kernel calls through the module's flashinfer",
+        )
+    if statements.count(UPSTREAM_STATEMENT) == 1:
+        return verdict(
+            Verdict.FIXED, "on XQA forward_decode packs the query (`.contiguous().view`, SGLang 0.5.16, PR #31667)"
+        )
+    if statements.count(PACKED) == 1 and RESHAPED not in statements:
+        if _reads_xqa(method):
+            return verdict(
+                Verdict.FIXED, "forward_decode packs the query for XQA (`.contiguous().view`, as 0.5.16 does)"
+            )
+        return verdict(
+            Verdict.NOT_APPLICABLE,
+            "forward_decode has no XQA path (SGLang's XQA decode arrived in 0.5.10) and packs its query",
+        )
+    return verdict(
+        Verdict.UNKNOWN, "forward_decode is not the code of a release this hotfix knows (fingerprint %s)" % fingerprint
+    )
+
+
+HOTFIX = Hotfix(
+    name="pr31667",
+    upstream=UPSTREAM,
+    summary="TRT-LLM MHA decode on XQA (Hopper, SM120) passes FlashInfer a packed query, not a strided view",
+    effect="FlashInfer's XQA decode kernel receives the query packed",
+    distribution="sglang",
+    target="%s.%s.%s" % (site.MODULE, CLASS_NAME, METHOD),
+    gates=((site.GATED_GLOBAL, site.make_gate),),  # armed by the first call that needs a repair
+    site=site.SITE,
+    classify=classify,
+    wrapper=site.note_the_call,
+    known_fingerprints=ReleaseTable(os.path.join(os.path.dirname(os.path.abspath(__file__)), "pr31667_releases.json")),
+)

@@ -1,0 +1,111 @@
+"""What the records of FlashInfer's kernel call site (``trtllm_kernel_site``) check of the backend
+module before they patch it: the gate must see every kernel call the wrapped methods prepare,
+and only those. Standard library only.
+
+* ``flashinfer_problem``: the module binds ``flashinfer`` once, by ``import flashinfer``;
+* ``kernel_route_problem``: no code outside the wrapped methods reaches ``flashinfer`` or names a
+  kernel, and nothing binds a kernel or its submodule by import (alias, star, submodule);
+* ``helpers_problem``: every method of the class the wrapped methods call is a known release's.
+"""
+
+import ast
+
+from ..fingerprint import of_node
+from .trtllm_kernel_site import CLASS_NAME, GATED_GLOBAL, KERNELS
+
+
+def problem(tree, cls, live, methods, helpers):
+    """The first problem of the three, or None."""
+    return (
+        flashinfer_problem(tree) or kernel_route_problem(tree, methods) or helpers_problem(cls, methods, live, helpers)
+    )
+
+
+def flashinfer_problem(tree):
+    """None when the module binds ``flashinfer`` only by ``import flashinfer`` at its top level
+    (SGLang guards it with ``if is_flashinfer_available():``), once."""
+    imports = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                bound = alias.asname or alias.name.split(".")[0]
+                if bound == GATED_GLOBAL:
+                    imports.append((node, alias))
+        elif isinstance(node, ast.Name) and node.id == GATED_GLOBAL and not isinstance(node.ctx, ast.Load):
+            return "the module rebinds %s (line %d)" % (GATED_GLOBAL, node.lineno)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)) and GATED_GLOBAL in node.names:
+            return "`%s %s` (line %d)" % (type(node).__name__.lower(), GATED_GLOBAL, node.lineno)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == GATED_GLOBAL:
+            return "a definition named %s (line %d)" % (GATED_GLOBAL, node.lineno)
+    plain = [(n, a) for n, a in imports if isinstance(n, ast.Import) and a.name == GATED_GLOBAL and a.asname is None]
+    if len(imports) != 1 or len(plain) != 1:
+        return "%s is not bound once, by `import %s`" % (GATED_GLOBAL, GATED_GLOBAL)
+    return None
+
+
+def imports_a_kernel_route(node):
+    """An import that binds a kernel, or the submodule holding one, under a name of the module's
+    own (``from flashinfer.decode import trtllm_batch_decode_with_kv_cache as k``, ``from
+    flashinfer import decode``, ``import flashinfer.prefill as p``, a star import): a route to
+    the kernel that does not pass the gate."""
+    if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == GATED_GLOBAL:
+        names = {alias.name for alias in node.names}
+        return bool(names & (set(KERNELS) | set(KERNELS.values()) | {"*"})) or node.module != GATED_GLOBAL
+    if isinstance(node, ast.Import):
+        return any(alias.name.startswith(GATED_GLOBAL + ".") and alias.asname for alias in node.names)
+    return False
+
+
+def kernel_route_problem(tree, methods):
+    """None when nothing but the live ``methods`` reaches ``flashinfer`` or names a kernel
+    (the gate must see only the kernel calls those methods prepare). Earlier definitions of the
+    class or of the methods count too: an alias can keep them callable."""
+    inside = {id(node) for method in methods for node in ast.walk(method)}
+    for node in ast.walk(tree):
+        if id(node) in inside:
+            continue
+        if imports_a_kernel_route(node):
+            return (
+                "the module binds a FlashInfer kernel or its submodule by import (line %d): a route around "
+                "the gate" % node.lineno
+            )
+        named = (
+            (isinstance(node, ast.Name) and node.id in (GATED_GLOBAL,) + tuple(KERNELS.values()))
+            or (isinstance(node, ast.Attribute) and node.attr in KERNELS.values())
+            or (isinstance(node, ast.Constant) and node.value in (GATED_GLOBAL,) + tuple(KERNELS.values()))
+        )
+        if named and not isinstance(getattr(node, "ctx", None), ast.Store):
+            return "code outside forward_decode / forward_extend reaches %s or a TRT-LLM kernel (line %d)" % (
+                GATED_GLOBAL,
+                node.lineno,
+            )
+    return None
+
+
+def helpers_problem(cls, methods, live, helpers):
+    """None when every method of the class that ``methods`` call is, by name, a known release's
+    code (``helpers``: name -> fingerprints): the gate must see only the kernel calls the methods
+    prepare, so nothing they call may reach a kernel first."""
+    called = sorted(
+        {
+            node.attr
+            for method in methods
+            for node in ast.walk(method)
+            if isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "self"
+            and any(isinstance(n, ast.FunctionDef) and n.name == node.attr for n in cls.body)
+        }
+        - {method.name for method in methods}
+    )
+    for name in called:
+        function, problem = live.get(name, (None, "%s.%s is not examined" % (CLASS_NAME, name)))
+        if problem or function is None:
+            return problem or "%s.%s not found" % (CLASS_NAME, name)
+        if name not in helpers or of_node(function) not in helpers[name]:
+            return "%s.%s, which the methods call, is not the code of a known release (fingerprint %s)" % (
+                CLASS_NAME,
+                name,
+                of_node(function),
+            )
+    return None

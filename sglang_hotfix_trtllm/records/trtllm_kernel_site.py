@@ -1,0 +1,244 @@
+"""FlashInfer's TRT-LLM kernel call in ``TRTLLMHAAttnBackend.forward_decode`` / ``forward_extend``:
+one call site that several records repair together (pr28144: the BMM scales; pr31667: the
+query's layout on XQA). Standard library only at import.
+
+One wrapper per method and one gate, owned here; records contribute a *repair* each
+(``register``): ``needs(backend, layer, q, wrapped)``, a cheap test that may say True where
+nothing differs and never False where upstream's arguments differ, and ``repair(call, kwargs)``,
+which returns the kernel's keyword arguments as upstream's change passes them, SGLang's own
+objects wherever it leaves them. ``patch`` joins the records of this site on a method they
+share (``Hotfix.site``): the wrapper learns which are on from ``joined.active``, in catalog order
+(upstream's statement order: pr28144's scales, then pr31667's query), so records compose as
+upstream's changes do, each with its own verdict, switch, line, status block and metric.
+
+A call for which no record on says ``needs`` runs SGLang's method alone. Otherwise the call is
+noted (the backend, the layer, the query as the method received it, the forward batch, the records
+that need to repair it) for its duration, and the module's global ``flashinfer`` becomes the gate
+if it is not yet (``patch.arm_gates``). The gate passes FlashInfer through, but a kernel call made
+inside a noted call gets each needed record's repair in turn; a repair that cannot be computed is
+skipped with its record's warning (that call is then as with that record off). Once the kernel is
+called with the repaired arguments, what it raises propagates, as upstream's call would.
+"""
+
+import contextvars
+
+from .. import logs
+
+CLASS_NAME = "TRTLLMHAAttnBackend"
+MODULE = "sglang.srt.layers.attention.trtllm_mha_backend"
+SITE = "flashinfer-trtllm-kernel-call"
+GATED_GLOBAL = "flashinfer"
+# FlashInfer's kernels as the backend reaches them: flashinfer.<submodule>.<function>.
+KERNELS = {"decode": "trtllm_batch_decode_with_kv_cache", "prefill": "trtllm_batch_context_with_kv_cache"}
+
+_NEEDS = {}  # record name -> needs(backend, layer, q, wrapped)
+_REPAIRS = {}  # record name -> repair(call, kwargs)
+
+
+def register(name, needs, repair):
+    """A record's part of the site (called when its module is imported)."""
+    _NEEDS[name], _REPAIRS[name] = needs, repair
+
+
+class Call:
+    """One wrapped call that needs a repair, as the gate needs it."""
+
+    __slots__ = ("function", "method", "backend", "q", "layer", "forward_batch", "needed", "used")
+
+    def __init__(self, function, backend, q, layer, forward_batch, needed):
+        self.function, self.method = function, function.__name__  # SGLang's method, as wrapt calls it
+        self.backend, self.q, self.layer, self.forward_batch = backend, q, layer, forward_batch
+        self.needed = needed  # the records that repair this call, in catalog order
+        self.used = False  # one kernel call per method call: a second one passes through
+
+
+_current_call = contextvars.ContextVar("sglang_hotfix_trtllm_kernel_site_call", default=None)
+
+
+def _arguments(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+    """Binds a call exactly as both methods' parameter lists do (the records pin them by fingerprint)."""
+    return self, q, layer, forward_batch
+
+
+def _target(method):
+    return "%s.%s.%s" % (MODULE, CLASS_NAME, method)
+
+
+def note_the_call(module, joined, wrapped, instance, args, kwargs):
+    """wrapt wrapper of ``forward_decode`` and ``forward_extend`` for the records on
+    (``joined.active``). A call no record needs to repair runs SGLang's method and nothing else.
+    One that some need is noted for the gate until it returns. A call the method rejects raises
+    SGLang's own error (binding here fails quietly)."""
+    active = joined.active
+    try:  # SGLang's positional call (RadixAttention -> forward): the tests only, no binding
+        alone = instance is not None and len(args) > 3 and _none_needed(active, instance, args[3], args[0], wrapped)
+    except Exception:
+        alone = False  # asked again below, where a call the tests cannot read runs SGLang's own
+    if alone:
+        return wrapped(*args, **kwargs)
+    try:
+        backend, q, layer, forward_batch = (
+            _arguments(*args, **kwargs) if instance is None else _arguments(instance, *args, **kwargs)
+        )
+        needed = tuple(name for name in active if _NEEDS[name](backend, layer, q, wrapped))
+    except Exception:
+        return wrapped(*args, **kwargs)  # SGLang's method raises its own error, or runs as it would
+    if not needed:
+        return wrapped(*args, **kwargs)
+    call = Call(wrapped, backend, q, layer, forward_batch, needed)
+    return (_run_noted or _noted_runner())(module, wrapped, args, kwargs, call)
+
+
+def _none_needed(active, backend, layer, q, wrapped):
+    for name in active:
+        if _NEEDS[name](backend, layer, q, wrapped):
+            return False
+    return True
+
+
+def _skipped(call, error, kind, records=None):
+    for name in records or call.needed:
+        logs.repair_skipped(_target(call.method), name, error, kind=kind)
+
+
+def _run_noted_call(module, wrapped, args, kwargs, call):
+    """SGLang's method with ``call`` noted for the gate until it returns (the gate put in the
+    module first, if it is not there yet)."""
+    if not _gate_in_place(module, call.needed):
+        _skipped(call, LookupError(_no_gate_reason(module)), "no-gate")
+        return wrapped(*args, **kwargs)
+    token = _current_call.set(call)
+    try:
+        result = wrapped(*args, **kwargs)
+    finally:
+        _current_call.reset(token)
+    if not call.used:
+        # Every release these records accept calls one kernel per call, through the module's
+        # ``flashinfer``: a call that returned without passing the gate reached the kernel some
+        # other way (the global replaced after the gate went in), unrepaired.
+        _skipped(call, LookupError("the kernel call did not pass the gate"), "no-gate")
+    return result
+
+
+_run_noted = None
+
+
+def _noted_runner():
+    """``_run_noted_call``, run eagerly under ``torch.compile``: TorchDynamo cannot trace a context
+    variable's set and reset around a call (it baked the gate's branch in at trace time and the
+    kernel got the release's arguments), so a call that needs a repair runs as in eager mode.
+    (The method wrapper itself is a graph break for every call: ``patch``'s ``_TRACERS_CALL_IT``;
+    SGLang's method it calls is compiled as a frame of its own.)"""
+    global _run_noted
+    runner = _run_noted_call
+    try:
+        import torch
+
+        runner = torch.compiler.disable(_run_noted_call)
+    except Exception:  # a torch without torch.compiler: nothing compiles these calls there either
+        pass
+    _run_noted = runner
+    return runner
+
+
+def _gate_in_place(module, needed):
+    """The gate is the module's ``flashinfer`` (put there now if it is not yet: the first call
+    that needs a repair arms it). False when it cannot be put there."""
+    current = module.__dict__.get(GATED_GLOBAL)
+    if type(current) is _gate_classes.get("flashinfer") and current._self_hotfix_on:
+        return True
+    from .. import patch
+    from . import catalog
+
+    records = {hotfix.name: hotfix for hotfix in catalog.HOTFIXES}
+    return any(patch.arm_gates(records[name], module) for name in needed if name in records)
+
+
+def _no_gate_reason(module):
+    if GATED_GLOBAL not in module.__dict__:
+        return "the module has no global %s (FlashInfer not imported)" % GATED_GLOBAL
+    return "the hotfix's gate could not be put in %s.%s" % (MODULE, GATED_GLOBAL)
+
+
+class _GatedKernel:
+    """A FlashInfer kernel as the gated module reaches it."""
+
+    # No __slots__: TorchDynamo guards on the kernel's ``__dict__`` as SGLang's code reaches it.
+    def __init__(self, kernel, gate):
+        self.kernel, self.gate = kernel, gate
+
+    def __call__(self, *args, **kwargs):
+        call = _current_call.get()
+        if call is None or call.used or not self.gate._self_hotfix_on:
+            return self.kernel(*args, **kwargs)  # nothing to repair here, or remove() turned it off
+        call.used = True
+        if args:
+            # SGLang's own calls pass keywords only (the records pin them): a positional call comes
+            # from someone else's code between the gate and the kernel. Stand aside, and say so.
+            _skipped(call, TypeError("the kernel was called with %d positional argument(s)" % len(args)), "positional")
+            return self.kernel(*args, **kwargs)
+        for name in call.needed:  # catalog order: upstream's order of statements
+            try:
+                kwargs = _REPAIRS[name](call, kwargs)
+            except Exception as error:
+                # This repair could not be computed before the kernel ran: this call is as with the
+                # record off; the other records' repairs still apply.
+                _skipped(call, error, "not-computed", (name,))
+        return self.kernel(**kwargs)  # what it raises propagates, as upstream's call would
+
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)
+
+
+_gate_classes = {}  # made once, at the first gate (they subclass patch's GateProxy, which needs wrapt)
+
+
+def _gate_class():
+    if _gate_classes:
+        return _gate_classes["flashinfer"]
+    from .. import patch  # imported only when a gate is armed, as patch itself
+
+    class FlashInferSubmoduleGate(patch.GateProxy):
+        """``flashinfer.decode`` / ``flashinfer.prefill`` as the gated module reaches them: the
+        submodule (attribute writes and deletions go to it, so ``mock.patch`` through the
+        backend's name patches FlashInfer itself, as without the hotfix), its kernel looked up at
+        each access as SGLang's own code looks it up (a kernel replaced later, by a profiler, a
+        mock or a HookRegistry hook, is the one called, with upstream's arguments), and gated."""
+
+        def __init__(self, submodule, kernel_name, gate):
+            super().__init__(submodule)
+            self._self_kernel_name, self._self_gate = kernel_name, gate
+            self._self_pair = (None, None)  # (kernel, its gated kernel): one object, swapped whole
+
+        def __getattr__(self, name):
+            found = getattr(self.__wrapped__, name)
+            if name != self._self_kernel_name:
+                return found
+            pair = self._self_pair  # read once: another thread may swap it meanwhile
+            if pair[0] is not found:  # a kernel replaced since (a profiler, a mock): gate that one
+                pair = self._self_pair = (found, _GatedKernel(found, self._self_gate))
+            return pair[1]
+
+    class FlashInferGate(patch.GateProxy):
+        """The module's global ``flashinfer`` once a record of the site armed it: FlashInfer itself, looked up
+        at each access, but for the kernels' submodules (a gate kept per submodule object)."""
+
+        def __init__(self, gated):
+            super().__init__(gated)
+            self._self_submodule_gates = {}
+
+        def __getattr__(self, name):
+            submodule = getattr(self.__wrapped__, name)
+            if name not in KERNELS:
+                return submodule
+            kept = self._self_submodule_gates.get(name)
+            if kept is None or kept.__wrapped__ is not submodule:
+                kept = self._self_submodule_gates[name] = FlashInferSubmoduleGate(submodule, KERNELS[name], self)
+            return kept
+
+    _gate_classes.update(flashinfer=FlashInferGate, submodule=FlashInferSubmoduleGate)
+    return FlashInferGate
+
+
+def make_gate(module, flashinfer):
+    return _gate_class()(flashinfer)
