@@ -74,7 +74,7 @@ import release_selection
 import swa_cases
 import upstream_fix
 from sglang_hotfix_trtllm import detect, engine, patch
-from sglang_hotfix_trtllm.records import pr25103, pr26521, pr28144
+from sglang_hotfix_trtllm.records import pr25103, pr26521, pr28144, pr31667
 from sglang_hotfix_trtllm.record import Verdict
 
 INSTALLED = "installed"
@@ -131,9 +131,30 @@ RECORDS = {
         },
         variants=("0.5.1", "0.5.9"),
     ),
+    "pr31667": dict(
+        record=pr31667,
+        methods=(
+            "forward_decode",
+            "_should_use_fused_fp8_path",
+            "_fused_fp8_set_kv_buffer",
+            "_get_layer_page_table",
+        ),
+        # Pinned by whole-method fingerprints: every mutant of these must be refused.
+        pinned=(
+            "forward_decode",
+            "_should_use_fused_fp8_path",
+            "_fused_fp8_set_kv_buffer",
+            "_get_layer_page_table",
+        ),
+        writes={
+            "reshape": "q = q.reshape(-1, layer.tp_q_head_num, layer.head_dim)",
+            "xqa_off": "self.is_xqa_impl = False",
+        },
+        variants=("0.5.14",),
+    ),
 }
 # Mutants the generator makes, measured (pr26521: 363 on 0.5.12, 310 on 0.5.1 and
-# 0.5.3; pr25103: 403 on 0.5.12, 331 on 0.5.9; pr28144: 645 on 0.5.12, 636 on 0.5.9, 320 on 0.5.1),
+# 0.5.3; pr25103: 403 on 0.5.12, 331 on 0.5.9; pr28144: 645 on 0.5.12, 636 on 0.5.9, 320 on 0.5.1; pr31667: 303 on 0.5.12, 271 on 0.5.14),
 # less a little: a generator that silently stops mutating fails here.
 FLOORS = {
     ("pr26521", INSTALLED): 350,
@@ -144,6 +165,8 @@ FLOORS = {
     ("pr28144", INSTALLED): 630,
     ("pr28144", "0.5.9"): 620,
     ("pr28144", "0.5.1"): 310,
+    ("pr31667", INSTALLED): 290,
+    ("pr31667", "0.5.14"): 260,
 }
 
 
@@ -491,6 +514,8 @@ class ScaleRepair:
     ``test_pr28144_differential`` does, and compares what FlashInfer's kernels receive with the
     oracle: the same mutant with upstream's fix applied from 0.5.15's file (``fp8_cases.upstream_module``)."""
 
+    hotfix = pr28144.HOTFIX
+
     def __init__(self, release, source_root, tmp, monkeypatch):
         # The oracle's module logs each tensor scale it ignores, once per module: one per mutant.
         monkeypatch.setattr(logging.getLogger(fp8_cases.MODULE_NAME), "disabled", True)
@@ -499,7 +524,7 @@ class ScaleRepair:
         monkeypatch.setattr(isolated_release, "load_forward_mode", lambda release_dir: forward_mode)
         self.release, self.tmp = release, tmp
         self.fixed_dir = release_selection.release_dir(fp8_cases.FIXED_RELEASE)
-        self.cases = {n: c for n, c in fp8_cases.cases(release).items() if c.scales in SCALE_CASES}
+        self.cases = self.chosen_cases(release)
         self.files = {}
         for member in RELEASE_FILES:
             path = (
@@ -509,6 +534,12 @@ class ScaleRepair:
             )
             if path.is_file():
                 self.files[member] = path
+
+    def chosen_cases(self, release):
+        return {n: c for n, c in fp8_cases.cases(release).items() if c.scales in SCALE_CASES}
+
+    def oracle(self, folder):
+        return fp8_cases.upstream_module(folder, self.fixed_dir)
 
     def check(self, index, text, patched=True):
         """None when the (patched) mutant's kernel calls equal the oracle's in every case, else the first difference."""
@@ -522,19 +553,19 @@ class ScaleRepair:
         except Exception as error:
             return "the mutated module does not load (%s)" % _error(error)
         try:
-            oracle = fp8_cases.upstream_module(folder, self.fixed_dir)
+            oracle = self.oracle(folder)
         except Exception as error:
-            return "no oracle: PR #28144 cannot be applied (%s)" % _error(error)
+            return "no oracle: upstream's change cannot be applied (%s)" % _error(error)
         try:
             want = {name: _kernel_calls(oracle, case) for name, case in self.cases.items()}
             if not patched:
                 got = {name: _kernel_calls(module, case) for name, case in self.cases.items()}
             else:
-                assessment = detect.assess_module(pr28144.HOTFIX, module)
+                assessment = detect.assess_module(self.hotfix, module)
                 if assessment.verdict is not Verdict.AFFECTED:
                     return "the module is assessed %s: %s" % (assessment.verdict.value, assessment.reason)
                 try:
-                    patch.wrap(pr28144.HOTFIX, module, assessment)
+                    patch.wrap(self.hotfix, module, assessment)
                     got = {name: _kernel_calls(module, case) for name, case in self.cases.items()}
                 finally:
                     patch.remove_all()
@@ -550,6 +581,25 @@ class ScaleRepair:
                 _calls_difference(got[first], want[first]),
             )
         return None
+
+
+class QueryRepair(ScaleRepair):
+    """pr31667: as ``ScaleRepair``, the oracle the same mutant with PR #31667 applied from 0.5.16's
+    file, on decode cases (both layouts, XQA on and off) without a KV write."""
+
+    hotfix = pr31667.HOTFIX
+
+    def chosen_cases(self, release):
+        return {
+            n: c
+            for n, c in fp8_cases.cases(release).items()
+            if c.mode == "decode" and c.kv == "bf16" and c.scales == "absent" and not c.save_kv_cache
+        }
+
+    def oracle(self, folder):
+        return fp8_cases.upstream_module(
+            folder, self.fixed_dir, scales=False, packed_query_dir=release_selection.release_dir("0.5.16")
+        )
 
 
 def _kernel_calls(module, case):
@@ -606,8 +656,8 @@ def test_every_mutant_is_refused_or_repaired_exactly(name, release, release_sour
         repair = CaptureRepair(root, tmp_path, monkeypatch)
     elif name == "pr25103":
         repair = PoolRepair(text, tmp_path)
-    else:  # pr28144: the installed release's files are named as its release
-        repair = ScaleRepair(
+    else:  # pr28144, pr31667: the installed release's files are named as its release
+        repair = (QueryRepair if name == "pr31667" else ScaleRepair)(
             importlib.metadata.version("sglang") if release == INSTALLED else release, root, tmp_path, monkeypatch
         )
     # The differential can fail: unpatched, the unmutated code is not upstream's.
