@@ -41,11 +41,12 @@ def record_names():
 
 def wrapped_methods(*records, leaving_out=()):
     """The methods of the backend class the named records wrap (every record's when none is
-    named), sorted; ``leaving_out``: records whose methods are not counted."""
+    named), sorted, each once (records of one site share a method: ``forward_decode``);
+    ``leaving_out``: records whose methods are not counted."""
     from sglang_hotfix_trtllm.records import catalog
 
     chosen = [h for h in catalog.HOTFIXES if (not records or h.name in records) and h.name not in leaving_out]
-    return sorted(name for hotfix in chosen for name in hotfix.method_names)
+    return sorted({name for hotfix in chosen for name in hotfix.method_names})
 
 
 def clean_env(**overrides):

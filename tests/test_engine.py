@@ -68,18 +68,20 @@ def test_strict_mode_does_not_interfere_when_patching_works(scenario):
     assert ran.returncode == 0 and ran.result["attribute_type"] == PATCHED
 
 
-def test_release_0_5_13_is_fixed_for_the_first_two_records_and_only_pr28144_wraps(scenario):
+def test_release_0_5_13_is_fixed_for_the_first_two_records_and_only_the_kernel_call_records_wrap(scenario):
     folder = release_selection.installed("0.5.13")
     ran = scenario("describe", env=clean_env(PYTHONPATH=str(folder)))
     assert ran.returncode == 0, ran
     assert ran.result["module_file"].startswith(str(folder))
-    # 0.5.13 has no capture method at all; only pr28144's methods (fixed in 0.5.14) are wrapped.
-    assert ran.result["attribute_type"] is None and ran.result["wrappers_in_class"] == wrapped_methods("pr28144")
+    # 0.5.13 has no capture method at all; only the methods of pr28144 (fixed in 0.5.14) and pr31667
+    # (fixed in 0.5.16) are wrapped, forward_decode once for both.
+    assert ran.result["attribute_type"] is None
+    assert ran.result["wrappers_in_class"] == wrapped_methods("pr28144", "pr31667")
     lines = ran.hotfix_lines(record=None)
     fixed = [line for line in lines if "upstream already has the fix" in line and "sglang 0.5.13" in line]
     patched = [line for line in lines if "INFO: patched" in line]
-    assert len(fixed) == 2 and len(patched) == 1 and len(lines) == 3, lines
-    assert "forward_decode and forward_extend" in patched[0]
+    assert len(fixed) == 2 and len(patched) == 2 and len(lines) == 4, lines
+    assert "forward_decode and forward_extend" in patched[0] and "(PR #31667)" in patched[1]
 
 
 def test_status_and_the_import_hook_act_on_engine_decide_alone(monkeypatch):

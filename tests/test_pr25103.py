@@ -65,7 +65,7 @@ def test_readme_table_is_what_the_scanner_writes():
 def test_the_catalog_holds_every_record_on_one_watched_module():
     import sglang_hotfix_trtllm_autoload as autoload
 
-    assert [h.name for h in catalog.HOTFIXES] == ["pr26521", "pr25103", "pr28144"]
+    assert [h.name for h in catalog.HOTFIXES] == ["pr26521", "pr25103", "pr28144", "pr31667"]
     assert autoload.WATCHED_MODULES == {h.module for h in catalog.HOTFIXES} == {HOTFIX.module}
 
 
@@ -210,6 +210,6 @@ def test_one_record_disabled_in_a_real_process_leaves_the_other_applied(tmp_path
     ran = run_python(["-c", code], cwd=tmp_path, env=clean_env())
     assert ran.result == {"__init__": "HotfixWrapper", "init_forward_metadata_capture_cuda_graph": "HotfixWrapper"}
     lines = ran.hotfix_lines(record=None)
-    assert sum("INFO: patched %s" % h.target in line for h in catalog.HOTFIXES for line in lines) == len(
+    assert sum("INFO: patched %s (" % h.targets_text in line for h in catalog.HOTFIXES for line in lines) == len(
         catalog.HOTFIXES
     ), ran
