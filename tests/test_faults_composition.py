@@ -29,7 +29,7 @@ import isolated_release
 import release_selection
 import swa_cases
 from sglang_hotfix_trtllm import engine, logs, patch
-from sglang_hotfix_trtllm.records import pr25103, pr26521, pr28144
+from sglang_hotfix_trtllm.records import pr25103, pr26521, pr28144, pr31667
 from upstream_fix import upstream_fixed_method
 
 RELEASE = "0.5.12"
@@ -192,7 +192,45 @@ class FlashInferScales:
         setattr(self.cls, "forward_extend", self.cls.__dict__["forward_extend"])
 
 
-RECORDS = {"pr26521": Capture, "pr25103": SlidingWindowPool, "pr28144": FlashInferScales}
+class PackedQuery(FlashInferScales):
+    """pr31667 on 0.5.12's ``forward_decode``: what FlashInfer's kernel receives against the same
+    method with PR #31667 applied from 0.5.16's file, on XQA decode cases with a strided query
+    (where the two differ) and BF16 / FP8 caches without scales (pr28144 has nothing to do there:
+    it is this record alone on the shared method)."""
+
+    hotfix = pr31667.HOTFIX
+
+    def __init__(self):
+        release_dir = release_selection.release_dir(RELEASE)
+        self.module = fp8_cases.load_backend_module(release_dir)
+        self.cls = self.module.TRTLLMHAAttnBackend
+        self.original = self.cls.__dict__[self.hotfix.method_name]
+        self.cases = [
+            case
+            for case in fp8_cases.cases(RELEASE).values()
+            if case.mode == "decode"
+            and case.scales == "absent"
+            and case.xqa
+            and case.layout == "strided"
+            and not case.save_kv_cache
+        ]
+        oracle = fp8_cases.upstream_module(
+            release_dir,
+            release_selection.release_dir(fp8_cases.FIXED_RELEASE),
+            scales=False,
+            packed_query_dir=release_selection.release_dir("0.5.16"),
+        )
+        self.expected = {
+            "as-alone": [fp8_cases.kernel_calls(oracle, case) for case in self.cases],
+            "unpatched": [fp8_cases.kernel_calls(self.module, case) for case in self.cases],
+        }
+        assert self.expected["as-alone"] != self.expected["unpatched"]
+
+    def close(self):
+        pass
+
+
+RECORDS = {"pr26521": Capture, "pr25103": SlidingWindowPool, "pr28144": FlashInferScales, "pr31667": PackedQuery}
 
 
 @pytest.fixture(params=list(RECORDS))
