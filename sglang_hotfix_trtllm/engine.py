@@ -99,7 +99,8 @@ def decide(hotfix, assessment, current):
         return Decision(
             Action.FIXED,
             "nothing to patch: the verdict is fixed",
-            "not patching %s: upstream already has the fix (%s; %s). This package can be removed: %s"
+            "not patching %s: upstream already has the fix (%s; %s). Other records may still repair this SGLang: "
+            "once `sglang-hotfix-trtllm status` says NOTHING TO DO, the package can be removed: %s"
             % (hotfix.target, _version_text(hotfix, path), assessment.reason, UNINSTALL_HINT),
         )
     if assessment.verdict is Verdict.NOT_APPLICABLE:

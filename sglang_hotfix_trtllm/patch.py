@@ -319,8 +319,11 @@ def wrap(hotfix, module, assessment):
         # them and the record stands aside for all.
         for (name, current), wrapper, site_wrapper in zip(found, ours, shared):
             problem = None
-            if wrapper is None and site_wrapper is None:
-                problem = _check_wrappable(hotfix, name, current, assessment)
+            if wrapper is None:
+                # Joining checks the function under the site's wrapper as wrapping checks SGLang's own:
+                # compiled from the analysed file, at the analysed line.
+                below = site_wrapper.__wrapped__ if site_wrapper is not None else current
+                problem = _check_wrappable(hotfix, name, below, assessment)
             if problem:
                 raise NotWrappable(problem)
         resumed = _resume(hotfix, [wrapper for wrapper in ours if wrapper is not None])

@@ -710,3 +710,44 @@ def test_pr28144_the_gate_passes_for_the_module_it_stands_for():
         with pytest.raises(TypeError) as on_gate:
             action(gate)
         assert str(on_gate.value) == str(on_module.value)
+
+
+def test_both_kernel_call_records_under_another_patcher_stay_exact_and_come_back_after_remove(registry, lines):
+    """pr28144 applied, a wrapt wrapper put on top of its wrapper, then pr31667 joins the shared
+    wrapper below it: the kernel gets both repairs; remove() turns the shared wrapper off in place
+    (one warning); apply again resumes both."""
+    release_dir = release_selection.release_dir(RELEASE)
+    module = fp8_cases.load_backend_module(release_dir)
+    cls = module.TRTLLMHAAttnBackend
+    original = cls.__dict__["forward_decode"]
+    cases = [
+        c
+        for c in fp8_cases.cases(RELEASE).values()
+        if c.mode == "decode" and c.kv == "fp8" and c.scales == "float" and c.xqa and not c.save_kv_cache
+    ]
+    both = fp8_cases.upstream_module(
+        release_dir,
+        release_selection.release_dir(fp8_cases.FIXED_RELEASE),
+        packed_query_dir=release_selection.release_dir("0.5.16"),
+    )
+    expected = [fp8_cases.kernel_calls(both, c) for c in cases]
+    unpatched = [fp8_cases.kernel_calls(module, c) for c in cases]
+    assert expected != unpatched
+    try:
+        assert engine.handle(pr28144.HOTFIX, module) == "patched"
+        wrapt.wrap_function_wrapper(
+            cls, "forward_decode", lambda wrapped, instance, args, kwargs: wrapped(*args, **kwargs)
+        )
+        assert engine.handle(pr31667.HOTFIX, module) == "patched"
+        assert patch.is_patched(pr28144.HOTFIX, cls) and patch.is_patched(pr31667.HOTFIX, cls)
+        assert [fp8_cases.kernel_calls(module, c) for c in cases] == expected
+        patch.remove_all()
+        assert [fp8_cases.kernel_calls(module, c) for c in cases] == unpatched
+        assert not patch.is_patched(pr28144.HOTFIX, cls) and not patch.is_patched(pr31667.HOTFIX, cls)
+        assert engine.handle(pr31667.HOTFIX, module) == "patched" and engine.handle(pr28144.HOTFIX, module) == "patched"
+        assert [fp8_cases.kernel_calls(module, c) for c in cases] == expected
+    finally:
+        patch.remove_all()
+        setattr(cls, "forward_decode", original)
+        setattr(cls, "forward_extend", cls.__dict__["forward_extend"])
+    assert len([m for m in _warnings(lines) if "turned off in place" in m]) == 2

@@ -193,3 +193,68 @@ def test_the_records_share_one_wrapper_and_one_gate(release):
         assert patch.remove_all() == (2 if "pr28144" in [h.name for h in records] else 1)
     assert type(module.TRTLLMHAAttnBackend.__dict__["forward_decode"]).__name__ == "function"
     assert type(module.flashinfer).__name__ != "FlashInferGate"
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_repairs_order_is_free_on_forward_decode(release, monkeypatch):
+    """The site applies repairs in catalog order (pr28144's scales, then pr31667's query). Reversed
+    once, the kernel gets the same arguments: on ``forward_decode`` the two repairs touch different
+    arguments, so the order is free there (it is decided once, not left to import order)."""
+    on = tuple(_affected_records(release))
+    if len(on) < 2:
+        pytest.skip("one record on forward_decode here")
+    original_refresh = patch.Joined.refresh
+
+    def reversed_refresh(joined):
+        original_refresh(joined)
+        joined.active = tuple(reversed(joined.active))
+
+    monkeypatch.setattr(patch.Joined, "refresh", reversed_refresh)
+    module = fp8_cases.load_backend_module(release_selection.release_dir(release))
+    expected = _oracle_calls(release, on)
+    try:
+        for name in on:
+            patch.wrap(RECORDS[name], module, detect.assess_module(RECORDS[name], module))
+        assert module.TRTLLMHAAttnBackend.__dict__["forward_decode"]._self_enabled.active == tuple(reversed(on))
+        wrong = [n for n, c in _decode_cases(release).items() if fp8_cases.kernel_calls(module, c) != expected[n]]
+    finally:
+        patch.remove_all()
+    assert wrong == []
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_calls_the_record_needs_not_repair_leave_the_module_alone(release):
+    """pr31667 alone: a packed query, or a strided one off XQA, runs SGLang's method alone (no gate,
+    the release's arguments, which are 0.5.16's there); a strided query on XQA arms the gate."""
+    module = fp8_cases.load_backend_module(release_selection.release_dir(release))
+    own = module.flashinfer
+    unpatched = _oracle_calls(release, ())
+    try:
+        patch.wrap(HOTFIX, module, detect.assess_module(HOTFIX, module))
+        for name, case in _decode_cases(release).items():
+            if case.layout == "packed" or not case.xqa:
+                assert fp8_cases.kernel_calls(module, case) == unpatched[name], name
+                assert module.flashinfer is own, name
+        strided = next(c for c in _decode_cases(release).values() if c.layout == "strided" and c.xqa)
+        fp8_cases.kernel_calls(module, strided)
+        assert module.flashinfer is not own and module.flashinfer.__wrapped__ is own
+    finally:
+        patch.remove_all()
+    assert module.flashinfer is own
+
+
+def test_a_record_joining_the_sites_wrapper_checks_the_running_method_as_wrapping_does():
+    """A record that joins another's wrapper must refuse, as it would alone, a method that is not
+    the analysed one (here: compiled at another line than the file on disk says)."""
+    release = "0.5.12"
+    module = fp8_cases.load_backend_module(release_selection.release_dir(release))
+    try:
+        patch.wrap(pr28144.HOTFIX, module, detect.assess_module(pr28144.HOTFIX, module))
+        assessment = detect.assess_module(HOTFIX, module)
+        moved = type(assessment)(
+            *[getattr(assessment, f) for f in assessment.__slots__[:-1]], assessment.method_first_line + 3
+        )
+        with pytest.raises(patch.NotWrappable, match="starts at line"):
+            patch.wrap(HOTFIX, module, moved)
+    finally:
+        patch.remove_all()
