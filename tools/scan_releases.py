@@ -220,7 +220,7 @@ def readme_table(rows):
         dates = first["date"] or "?" if first is last else "%s … %s" % (first["date"] or "?", last["date"] or "?")
         action = {
             "affected": "patches",
-            "fixed": "nothing: upstream's fix is there",
+            "fixed": "nothing: the code does what upstream's fix does",
             "not-applicable": "nothing: the code it repairs is not there",
         }.get(verdict, "refuses")
         lines.append(
