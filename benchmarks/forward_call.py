@@ -18,7 +18,6 @@ import pathlib
 import statistics
 import sys
 import time
-import types
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent / "tests"), str(HERE.parent / "tests" / "support"), str(HERE.parent / "tools")]
@@ -38,37 +37,11 @@ CASES = {
 }
 
 
-def _stand_in_flashinfer(out):
-    def kernel(**kwargs):
-        return out
-
-    return types.SimpleNamespace(
-        decode=types.SimpleNamespace(trtllm_batch_decode_with_kv_cache=kernel),
-        prefill=types.SimpleNamespace(trtllm_batch_context_with_kv_cache=kernel),
-    )
-
-
-def _call_setup(module, case):
-    """(bound method, arguments) for one decode call, as fp8_cases.kernel_calls builds it."""
-    generator = torch.Generator().manual_seed(0)
-    pool = fp8_cases.KVPool(fp8_cases.CallLog(), fp8_cases.KV_DTYPES[case.kv], generator)
-    tokens = sum(fp8_cases.LENGTHS[case.mode][0])
-    width = (fp8_cases.Q_HEADS + 2 * fp8_cases.KV_HEADS) * fp8_cases.HEAD_DIM
-    qkv = torch.randn(tokens, width, generator=generator).to(torch.bfloat16)
-    q = qkv[:, : fp8_cases.Q_HEADS * fp8_cases.HEAD_DIM]
-    k = v = torch.zeros(tokens, fp8_cases.KV_HEADS, fp8_cases.HEAD_DIM, dtype=torch.bfloat16)
-    backend = fp8_cases._backend(module, case, pool)
-    layer = fp8_cases._layer(case)
-    forward_batch = fp8_cases._forward_batch(module, case, pool)
-    return backend, (q, k, v, layer, forward_batch), {"save_kv_cache": False, "sinks": None}
-
-
-def _time(backend, args, kwargs, calls):
-    method = backend.forward_decode
-    method(*args, **kwargs)  # the first call after apply arms the gate: not timed
+def _time(call, calls):
+    call()  # the first call after apply arms the gate: not timed
     started = time.perf_counter_ns()
     for _ in range(calls):
-        method(*args, **kwargs)
+        call()
     return (time.perf_counter_ns() - started) / calls / 1000.0
 
 
@@ -76,17 +49,17 @@ def measure(rounds, calls):
     module = fp8_cases.load_backend_module(release_selection.release_dir(RELEASE))
     cases = fp8_cases.cases(RELEASE)
     out = torch.zeros(2, fp8_cases.Q_HEADS, fp8_cases.HEAD_DIM, dtype=torch.bfloat16)
-    module.flashinfer = _stand_in_flashinfer(out)
+    module.flashinfer = fp8_cases.flashinfer_of(lambda **kwargs: out)
     assessment = detect.assess_module(pr28144.HOTFIX, module)
     results = {}
     for label, name in CASES.items():
-        backend, args, kwargs = _call_setup(module, cases[name])
+        call = fp8_cases.decode_call(module, cases[name])
         times = {"off": [], "on": []}
         for round_ in range(rounds):
             for state in ("off", "on") if round_ % 2 == 0 else ("on", "off"):
                 if state == "on":
                     patch.wrap(pr28144.HOTFIX, module, assessment)
-                times[state].append(_time(backend, args, kwargs, calls))
+                times[state].append(_time(call, calls))
                 if state == "on":
                     patch.remove_all()
         off, on = statistics.median(times["off"]), statistics.median(times["on"])

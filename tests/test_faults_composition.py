@@ -159,24 +159,27 @@ class SlidingWindowPool:
 
 class FlashInferScales:
     """pr28144 on 0.5.12's ``forward_decode`` (the method the patchers here sit on): what
-    FlashInfer's kernel receives, recorded, against the same method with PR #28144 applied
+    FlashInfer's kernel receives, recorded, against the same method with upstream's change applied
     (``fp8_cases.upstream_module``), on decode cases where the two differ (FP8 and BF16 caches,
     scales that bite, XQA and TRT-LLM-GEN). ``forward_extend``, wrapped with it, is not under
     the other patcher: its repair does not depend on what happens to ``forward_decode``."""
 
     hotfix = pr28144.HOTFIX
+    oracle_changes = {}  # fp8_cases.upstream_module's default: pr28144's change
+
+    @staticmethod
+    def chosen(case):
+        return case.mode == "decode" and case.scales == "float" and not case.save_kv_cache
 
     def __init__(self):
         release_dir = release_selection.release_dir(RELEASE)
         self.module = fp8_cases.load_backend_module(release_dir)
         self.cls = self.module.TRTLLMHAAttnBackend
         self.original = self.cls.__dict__[self.hotfix.method_name]
-        self.cases = [
-            case
-            for case in fp8_cases.cases(RELEASE).values()
-            if case.mode == "decode" and case.scales == "float" and not case.save_kv_cache
-        ]
-        oracle = fp8_cases.upstream_module(release_dir, release_selection.release_dir(fp8_cases.FIXED_RELEASE))
+        self.cases = [case for case in fp8_cases.cases(RELEASE).values() if self.chosen(case)]
+        oracle = fp8_cases.upstream_module(
+            release_dir, release_selection.release_dir(fp8_cases.FIXED_RELEASE), **self.oracle_changes
+        )
         self.expected = {
             "as-alone": [fp8_cases.kernel_calls(oracle, case) for case in self.cases],
             "unpatched": [fp8_cases.kernel_calls(self.module, case) for case in self.cases],
@@ -189,7 +192,8 @@ class FlashInferScales:
         return found[0] if found else "other"
 
     def close(self):
-        setattr(self.cls, "forward_extend", self.cls.__dict__["forward_extend"])
+        for name in self.hotfix.also:  # the record's other methods, not under the patcher: put back
+            setattr(self.cls, name, self.cls.__dict__[name])
 
 
 class PackedQuery(FlashInferScales):
@@ -200,34 +204,19 @@ class PackedQuery(FlashInferScales):
 
     hotfix = pr31667.HOTFIX
 
-    def __init__(self):
-        release_dir = release_selection.release_dir(RELEASE)
-        self.module = fp8_cases.load_backend_module(release_dir)
-        self.cls = self.module.TRTLLMHAAttnBackend
-        self.original = self.cls.__dict__[self.hotfix.method_name]
-        self.cases = [
-            case
-            for case in fp8_cases.cases(RELEASE).values()
-            if case.mode == "decode"
+    @property
+    def oracle_changes(self):
+        return dict(scales=False, packed_query_dir=release_selection.release_dir("0.5.16"))
+
+    @staticmethod
+    def chosen(case):
+        return (
+            case.mode == "decode"
             and case.scales == "absent"
             and case.xqa
             and case.layout == "strided"
             and not case.save_kv_cache
-        ]
-        oracle = fp8_cases.upstream_module(
-            release_dir,
-            release_selection.release_dir(fp8_cases.FIXED_RELEASE),
-            scales=False,
-            packed_query_dir=release_selection.release_dir("0.5.16"),
         )
-        self.expected = {
-            "as-alone": [fp8_cases.kernel_calls(oracle, case) for case in self.cases],
-            "unpatched": [fp8_cases.kernel_calls(self.module, case) for case in self.cases],
-        }
-        assert self.expected["as-alone"] != self.expected["unpatched"]
-
-    def close(self):
-        pass
 
 
 RECORDS = {"pr26521": Capture, "pr25103": SlidingWindowPool, "pr28144": FlashInferScales, "pr31667": PackedQuery}

@@ -7,8 +7,6 @@ is SGLang's method alone behind a graph break (the wrapper is never inlined), an
 call outside the trace (``torch.compiler.disable``: a graph break), its first one arming the gate.
 """
 
-import types
-
 import pytest
 import torch
 
@@ -66,20 +64,11 @@ def _traceable_flashinfer():
     def kernel(query, bmm1_scale, bmm2_scale, **kwargs):
         return query.float() * bmm1_scale * bmm2_scale
 
-    return types.SimpleNamespace(
-        decode=types.SimpleNamespace(trtllm_batch_decode_with_kv_cache=kernel),
-        prefill=types.SimpleNamespace(trtllm_batch_context_with_kv_cache=kernel),
-    )
+    return fp8_cases.flashinfer_of(kernel)
 
 
 def _decode(module, case):
-    generator = torch.Generator().manual_seed(1)
-    pool = fp8_cases.KVPool(fp8_cases.CallLog(), fp8_cases.KV_DTYPES[case.kv], generator)
-    width = (fp8_cases.Q_HEADS + 2 * fp8_cases.KV_HEADS) * fp8_cases.HEAD_DIM
-    q = torch.randn(2, width, generator=generator).to(torch.bfloat16)[:, : fp8_cases.Q_HEADS * fp8_cases.HEAD_DIM]
-    backend = fp8_cases._backend(module, case, pool)
-    layer, batch = fp8_cases._layer(case), fp8_cases._forward_batch(module, case, pool)
-    return lambda: backend.forward_decode(q, None, None, layer, batch, save_kv_cache=False)
+    return fp8_cases.decode_call(module, case, seed=1)
 
 
 @pytest.mark.parametrize("prefix", CASES)

@@ -70,8 +70,15 @@ def note_the_call(module, joined, wrapped, instance, args, kwargs):
     One that some need is noted for the gate until it returns. A call the method rejects raises
     SGLang's own error (binding here fails quietly)."""
     active = joined.active
+    alone = False
     try:  # SGLang's positional call (RadixAttention -> forward): the tests only, no binding
-        alone = instance is not None and len(args) > 3 and _none_needed(active, instance, args[3], args[0], wrapped)
+        if instance is not None and len(args) > 3:
+            layer, q = args[3], args[0]
+            for name in active:
+                if _NEEDS[name](instance, layer, q, wrapped):
+                    break
+            else:
+                alone = True
     except Exception:
         alone = False  # asked again below, where a call the tests cannot read runs SGLang's own
     if alone:
@@ -87,13 +94,6 @@ def note_the_call(module, joined, wrapped, instance, args, kwargs):
         return wrapped(*args, **kwargs)
     call = Call(wrapped, backend, q, layer, forward_batch, needed)
     return (_run_noted or _noted_runner())(module, wrapped, args, kwargs, call)
-
-
-def _none_needed(active, backend, layer, q, wrapped):
-    for name in active:
-        if _NEEDS[name](backend, layer, q, wrapped):
-            return False
-    return True
 
 
 def _skipped(call, error, kind, records=None):

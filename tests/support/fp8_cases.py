@@ -708,3 +708,23 @@ def kernel_calls(module, case):
     calls = [(name, plain(arguments)) for name, arguments in log]
     del log[:]
     return calls + [("returned", plain(out))]
+
+
+def flashinfer_of(kernel):
+    """``flashinfer`` as the backend reaches it, ``kernel`` standing for both TRT-LLM kernels."""
+    return types.SimpleNamespace(
+        decode=types.SimpleNamespace(trtllm_batch_decode_with_kv_cache=kernel),
+        prefill=types.SimpleNamespace(trtllm_batch_context_with_kv_cache=kernel),
+    )
+
+
+def decode_call(module, case, seed=0):
+    """A callable running one decode call of ``case`` (no KV write) through ``module``'s class as
+    SGLang calls it, with a strided query (``qkv.split`` of a fused projection)."""
+    generator = torch.Generator().manual_seed(seed)
+    pool = KVPool(CallLog(), KV_DTYPES[case.kv], generator)
+    tokens = sum(LENGTHS[case.mode][0])
+    qkv = torch.randn(tokens, (Q_HEADS + 2 * KV_HEADS) * HEAD_DIM, generator=generator).to(torch.bfloat16)
+    q = qkv[:, : Q_HEADS * HEAD_DIM]
+    backend, layer, batch = _backend(module, case, pool), _layer(case), _forward_batch(module, case, pool)
+    return lambda: backend.forward_decode(q, None, None, layer, batch, save_kv_cache=False, sinks=None)
