@@ -101,7 +101,7 @@ def _human(report, state):
 def status(arguments):
     from . import detect, status as state
 
-    if arguments.source:
+    if arguments.source is not None:  # --source "" is a path that cannot be examined (exit 3), not "installed"
         with detect.shared_parses():  # a single file is parsed once for all records
             return _status_of_source(arguments, state)
     reports, texts, worst = [], [], state.EXIT_OK
@@ -215,11 +215,15 @@ def _parser():
     )
     run_parser.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     run_parser.set_defaults(run=launch)
+    parser.verb_parsers = {"status": status_parser, "verify": verify_parser, "run": run_parser}
     return parser
 
 
 def main(argv=None):
-    arguments = _parser().parse_args(argv)  # exits 2 with usage on bad arguments
+    parser = _parser()
+    arguments, unknown = parser.parse_known_args(argv)  # exits 2 with usage on bad arguments
+    if unknown:  # an option the verb does not take: the verb's own usage, not the top level's
+        parser.verb_parsers[arguments.verb].error("unrecognized arguments: %s" % " ".join(unknown))
     try:
         return arguments.run(arguments)
     except BrokenPipeError:  # the reader of stdout left; not an error of ours

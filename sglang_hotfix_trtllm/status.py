@@ -149,6 +149,8 @@ def backend_files(hotfix, root):
     """Every source file of the hotfix's target module under ``root`` (a file, or
     a folder: an image root, a site-packages folder, a checkout), sorted."""
     name = hotfix.module.rpartition(".")[2] + ".py"
+    if not root:
+        raise PathProblem("an empty path names no file or folder")
     if not os.path.exists(root):
         raise PathProblem("no such file or folder: %s" % root)
     if os.path.isfile(root):

@@ -102,3 +102,17 @@ def test_status_of_a_target_install_says_the_startup_file_is_inactive(tmp_path, 
 def test_bad_arguments_exit_2():
     ran = run_cli("frobnicate")
     assert ran.returncode == 2 and "usage" in ran.stderr
+
+
+def test_a_bad_option_of_a_verb_prints_that_verbs_usage():
+    """Issue 30, item 6: `status --bogus` printed the top-level usage."""
+    ran = run_cli("status", "--bogus")
+    assert ran.returncode == 2 and ran.stdout == ""
+    assert "usage: sglang-hotfix-trtllm status" in ran.stderr and "unrecognized arguments: --bogus" in ran.stderr
+
+
+def test_an_empty_source_path_is_a_path_problem_not_the_installed_sglang():
+    """Issue 30, item 2: `status --source ""` reported the installed environment (PROTECTED, exit 0)."""
+    ran = run_cli("status", "--source", "")
+    assert ran.returncode == 3 and ran.stdout == ""
+    assert "status --source: an empty path names no file or folder" in ran.stderr
