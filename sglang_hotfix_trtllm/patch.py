@@ -401,8 +401,7 @@ def arm_gates(hotfix, module):
 
 
 def _install_gates(hotfix, module):
-    """Put the record's gates that are not in force into the module; True when one was put."""
-    installed = False
+    """Put the record's gates that are not in force into the module."""
     for name, make_gate in hotfix.gates:
         if name not in vars(module) or _gate_in_force(hotfix, module, name):
             continue
@@ -412,8 +411,6 @@ def _install_gates(hotfix, module):
         gate = make_gate(module, original)
         setattr(module, name, gate)
         _applied.append(Gate(module, hotfix, name, original, gate, make_gate))
-        installed = True
-    return installed
 
 
 def remove_all():

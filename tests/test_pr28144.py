@@ -17,7 +17,7 @@ import scan_releases
 from conftest import REPO
 from sglang_hotfix_trtllm import detect
 from sglang_hotfix_trtllm.record import Verdict
-from sglang_hotfix_trtllm.records import pr28144
+from sglang_hotfix_trtllm.records import pr28144, trtllm_kernel_site
 
 HOTFIX = pr28144.HOTFIX
 TABLE = release_selection.table(HOTFIX)
@@ -86,7 +86,9 @@ def _append_to(method_name, statement):
 def _helper_calling_a_kernel(tree):
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == pr28144.CLASS_NAME)
     cls.body.append(
-        ast.parse("def _other(self, **kw):\n    return flashinfer.decode.%s(**kw)" % pr28144.KERNELS["decode"]).body[0]
+        ast.parse(
+            "def _other(self, **kw):\n    return flashinfer.decode.%s(**kw)" % trtllm_kernel_site.KERNELS["decode"]
+        ).body[0]
     )
 
 

@@ -34,15 +34,13 @@ in 0.5.10.x, ``.reshape`` from 0.5.11): upstream's operations on upstream's star
 dtype, shape, strides and storage offset are upstream's (FlashInfer's XQA reads only
 ``q.data_ptr()``: a layout is part of the value). Every other argument is SGLang's own object.
 
-How, without replacing SGLang's method body: the wrapper of each method first asks whether
-upstream's arguments could differ from the release's for this call (``needs_repair``: an FP8
-cache, or a K scale other than None and 1.0). When not (every BF16 user without checkpoint K
-scales), it calls SGLang's method and nothing else: no gate, no context variable. When so, it
-notes the call for the gate, and puts the gate in the module's global ``flashinfer`` if it is not
-there yet (``patch.arm_gates``): ``FlashInferGate`` passes FlashInfer through, but for the two
-kernels, whose call inside a noted call gets upstream's arguments. A kernel call without a noted
-call (a call that needs no repair, any other caller) passes through untouched. Once the kernel is
-called with upstream's arguments, whatever it raises propagates, as upstream's call would.
+How, without replacing SGLang's method body: through FlashInfer's kernel call site
+(``trtllm_kernel_site``, shared with pr31667), which owns the wrapper and the gate. This record
+gives the site its test, ``needs_repair`` (could upstream's arguments differ from the release's for
+this call? a K scale other than None and 1.0, or an FP8 cache with scales, or FP8 extend on XQA),
+and its repair, ``upstream_arguments``. A call no record needs to repair runs SGLang's method and
+nothing else; one that needs it is noted, and the kernel call made inside it gets upstream's
+arguments; what the kernel then raises propagates, as upstream's call would.
 
 Releases up to 0.5.9 never set ``is_xqa_impl`` (SGLang's XQA path arrived in 0.5.10): there its
 absence reads as "not XQA", as those releases' own FP8 cast does.
@@ -68,7 +66,6 @@ from ..release_table import ReleaseTable
 CLASS_NAME = site.CLASS_NAME
 METHODS = ("forward_decode", "forward_extend")
 GATED_GLOBAL = site.GATED_GLOBAL
-KERNELS = site.KERNELS
 UPSTREAM = "SGLang 0.5.15 (PR #28144 as revised by PR #29423)"
 
 
