@@ -70,21 +70,34 @@ def diagnose(message):
 
 
 def _write_result(text, code):
-    """Write the result to stdout; when its reader has gone (`status | head`),
-    keep the exit status the result had."""
+    """Write the result to stdout and return ``code``: the exit status is the result's whatever
+    happens to stdout. Its reader gone (`status | head`), stdout closed (`>&-`) or full
+    (`>/dev/full`): one line on stderr where the result could not be written, no traceback."""
+    if sys.stdout is None:  # started with stdout closed: Python sets sys.stdout to None
+        diagnose("stdout is closed: the result was not written (exit status %d)" % code)
+        _silence_stdout()  # said once: later writes of the same result go nowhere, silently
+        return code
     try:
         sys.stdout.write(text)
         sys.stdout.flush()
-    except BrokenPipeError:
+    except BrokenPipeError:  # the reader left on purpose (`| head`): not worth a line
+        _silence_stdout()
+    except (OSError, ValueError) as error:  # ENOSPC, EBADF, a closed file object
+        diagnose("cannot write the result to stdout: %s (exit status %d)" % (error, code))
         _silence_stdout()
     return code
 
 
 def _silence_stdout():
-    # Python flushes stdout again at exit; point it at /dev/null so that flush
-    # does not report the broken pipe a second time.
+    # Python flushes stdout again at exit; point it at /dev/null (and drop what is still
+    # buffered) so that flush does not fail a second time and change the exit status.
     try:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if sys.stdout is not None:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except Exception:
+        pass
+    try:
+        sys.stdout = open(os.devnull, "w")
     except Exception:
         pass
 
@@ -156,10 +169,14 @@ def _status_of_source(arguments, state):
 def verify(arguments):
     from . import verify as verifying
 
-    worst = 0
+    worst, failed_imports = 0, {}
     for hotfix in catalog.HOTFIXES:  # a record without a CPU probe says so (never silently skipped)
-        worst = max(worst, verifying.verify(hotfix, print, diagnose))
+        worst = max(worst, verifying.verify(hotfix, _result_line, diagnose, failed_imports))
     return worst
+
+
+def _result_line(line):
+    _write_result(line + "\n", 0)
 
 
 def launch(arguments):

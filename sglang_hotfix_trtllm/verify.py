@@ -21,10 +21,13 @@ def _load(dotted):
     return getattr(importlib.import_module(module_name), function)
 
 
-def verify(hotfix, out, err):
-    """Results through ``out`` (stdout), errors through ``err`` (stderr)."""
+def verify(hotfix, out, err, failed_imports=None):
+    """Results through ``out`` (stdout), errors through ``err`` (stderr). ``failed_imports``
+    (module -> error), shared by the records of one run, says a failed import once: the next
+    record that needs the module points to it instead of repeating it."""
+    failed_imports = {} if failed_imports is None else failed_imports
     assessment = detect.assess_installed(hotfix)
-    out("%s: %s (%s)" % (hotfix.target, assessment.verdict, assessment.reason))
+    out("record %s: %s: %s (%s)" % (hotfix.name, hotfix.target, assessment.verdict, assessment.reason))
     if assessment.verdict in (Verdict.FIXED, Verdict.NOT_APPLICABLE):
         out("nothing to verify: the hotfix does not patch this SGLang")
         return EXIT_OK
@@ -35,7 +38,10 @@ def verify(hotfix, out, err):
         )
         return EXIT_MISMATCH
     if assessment.verdict is Verdict.UNKNOWN:
-        err("cannot verify: the installed code is not recognised (fingerprint %s)" % assessment.fingerprint)
+        err(
+            "record %s: cannot verify: the installed code is not recognised (fingerprint %s)"
+            % (hotfix.name, assessment.fingerprint)
+        )
         return EXIT_ERROR
     decision = engine.decide(hotfix, assessment, switches.read())
     if decision.action in (engine.Action.DISABLED, engine.Action.EXCLUDED):
@@ -52,15 +58,23 @@ def verify(hotfix, out, err):
         )
         return EXIT_OK
     for name in ("torch", hotfix.module):
+        if name in failed_imports:
+            err("record %s: cannot verify: %s could not be imported (said above)" % (hotfix.name, name))
+            return EXIT_ERROR
         try:
             module = importlib.import_module(name)
         except Exception as error:
-            err("cannot import %s: %s: %s" % (name, type(error).__name__, error))
+            failed_imports[name] = error
+            err(
+                "record %s: cannot verify: cannot import %s: %s: %s (verify runs SGLang's backend on CPU: it needs "
+                "torch and SGLang's own dependencies in this environment)"
+                % (hotfix.name, name, type(error).__name__, error)
+            )
             return EXIT_ERROR
     try:
         report = _load(hotfix.probe)(module)
     except Exception as error:
-        err("probe failed: %s: %s" % (type(error).__name__, error))
+        err("record %s: probe failed: %s: %s" % (hotfix.name, type(error).__name__, error))
         return EXIT_ERROR
     out(report.title)
     header = ("field", "unpatched", "patched", "upstream fix")

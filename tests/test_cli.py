@@ -1,6 +1,9 @@
 """`sglang-hotfix-trtllm status`: the operator's view, without importing SGLang."""
 
+import subprocess
 import sys
+
+import pytest
 
 import variants
 from conftest import clean_env, record_names, run_cli, run_python, sglang_tree, status_json
@@ -116,3 +119,24 @@ def test_an_empty_source_path_is_a_path_problem_not_the_installed_sglang():
     ran = run_cli("status", "--source", "")
     assert ran.returncode == 3 and ran.stdout == ""
     assert "status --source: an empty path names no file or folder" in ran.stderr
+
+
+@pytest.mark.parametrize("redirect, words", [(">&-", "stdout is closed"), (">/dev/full", "cannot write the result")])
+@pytest.mark.parametrize("verb", [["status"], ["status", "--json"], ["verify"]])
+def test_the_exit_status_is_the_results_whatever_happens_to_stdout(redirect, words, verb):
+    """Issue 30, item 3: with stdout closed or full, status printed a traceback and exited 1."""
+    import shlex
+
+    from conftest import CLI
+
+    expected = run_cli(*verb, timeout=600)
+    ran = subprocess.run(
+        ["bash", "-c", "%s %s %s" % (shlex.quote(str(CLI)), " ".join(verb), redirect)],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=600,
+    )
+    assert ran.returncode == expected.returncode, ran.stderr
+    assert "Traceback" not in ran.stderr and "Exception ignored" not in ran.stderr, ran.stderr
+    assert ran.stderr.count(words) == 1, ran.stderr

@@ -48,7 +48,21 @@ def test_verify_without_torch_says_which_import_failed(tmp_path, bare_python, ve
     env = clean_env(PYTHONPATH="%s:%s" % (stub, venv_site_packages))
     ran = verify(tmp_path, env=env, python=bare_python)
     assert ran.returncode == 2
-    assert "cannot import torch" in ran.stderr and "cannot import" not in ran.stdout  # errors on stderr only
+    assert "cannot import" not in ran.stdout  # errors on stderr only
+    # Issue 30, item 5: the failure was said once per record, word for word, naming none of them.
+    assert ran.stderr.count("cannot import torch: ImportError: torch is not installed here") == 1, ran.stderr
+    assert "record pr26521: cannot verify: cannot import torch" in ran.stderr
+    assert "it needs torch and SGLang's own dependencies" in ran.stderr
+    assert "record pr25103: cannot verify: torch could not be imported (said above)" in ran.stderr
+
+
+def test_every_verify_block_names_its_record(tmp_path):
+    """Issue 30, item 5: a block opened with the method alone; two records share forward_decode."""
+    from sglang_hotfix_trtllm.records import catalog
+
+    ran = verify(tmp_path)
+    openings = [line.split(":")[0] for line in ran.stdout.splitlines() if line.startswith("record ")]
+    assert openings == ["record " + h.name for h in catalog.HOTFIXES], ran.stdout
 
 
 def test_verify_on_a_fixed_release_has_nothing_to_verify(tmp_path):
@@ -60,7 +74,7 @@ def _table(stdout, target):
     """The rows verify prints for the record of ``target``: field -> (unpatched, patched, upstream fix),
     split at the header's column positions (cells may hold spaces)."""
     lines = stdout.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(target + ":"))
+    start = next(i for i, line in enumerate(lines) if line.startswith("record ") and (" %s:" % target) in line)
     header_at = next(i for i in range(start, len(lines)) if lines[i].startswith("  field "))
     header = lines[header_at]
     starts = [m.start() for m in re.finditer(r"(?<=  )\S", header)] + [None]  # columns are two spaces apart
