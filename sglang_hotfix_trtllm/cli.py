@@ -32,7 +32,8 @@ STATUS_HELP = (
   0  protected, or nothing to do (fixed, not-applicable)
   1  affected, but a Python process started now would run it unpatched (disabled, excluded, no loader)
   2  the hotfix would refuse: unknown code, or wrapt missing or broken
-  3  --source names a path that cannot be examined (missing, no backend file in it, unreadable)
+  3  --source names a path that cannot be examined (missing, no backend file in it, unreadable),
+     or a part of the folder cannot be read: the verdicts of what could be read are still printed
 
 """
     + SWITCHES_HELP
@@ -149,6 +150,9 @@ def _status_of_source(arguments, state):
         except state.PathProblem as problem:
             diagnose("status --source: %s" % problem)
             return state.EXIT_BAD_PATH
+        if hotfix is catalog.HOTFIXES[0]:  # the same walk for every record: said once
+            for problem in tree["unreadable"]:
+                diagnose("status --source: cannot read %s (the verdicts cover only what could be read)" % problem)
         single = os.path.isfile(arguments.source)
         documents.append(dict(tree["sources"][0], format_version=state.FORMAT_VERSION) if single else tree)
         for assessment in assessments:

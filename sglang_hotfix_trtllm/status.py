@@ -146,8 +146,11 @@ class PathProblem(Exception):
 
 
 def backend_files(hotfix, root):
-    """Every source file of the hotfix's target module under ``root`` (a file, or
-    a folder: an image root, a site-packages folder, a checkout), sorted."""
+    """(files, unreadable): every source file of the hotfix's target module under ``root`` (a
+    file, or a folder: an image root, a site-packages folder, a checkout), sorted, and a
+    "PATH: reason" line for each folder or backend file under it that cannot be read (a
+    non-root user scanning an image root meets mode-700 folders). Raises PathProblem when
+    nothing can be judged: a bad path, or no readable backend file at all."""
     name = hotfix.module.rpartition(".")[2] + ".py"
     if not root:
         raise PathProblem("an empty path names no file or folder")
@@ -156,33 +159,36 @@ def backend_files(hotfix, root):
     if os.path.isfile(root):
         if not os.access(root, os.R_OK):
             raise PathProblem("cannot read %s: permission denied" % root)
-        return [root]
-    found, unreadable_folders = [], []
-    for folder, subfolders, files in os.walk(root, onerror=unreadable_folders.append):
+        return [root], []
+    found, errors = [], []
+    for folder, subfolders, files in os.walk(root, onerror=errors.append):
         subfolders[:] = sorted(d for d in subfolders if not d.startswith(".") and d != "__pycache__")
         if name in files:
             found.append(os.path.join(folder, name))
-    if unreadable_folders:  # a backend may sit in the part that could not be read: no verdict on half a tree
-        error = unreadable_folders[0]
-        raise PathProblem("cannot read folder %s: %s" % (error.filename or root, error.strerror or error))
-    if not found:
-        raise PathProblem("no %s under %s" % (name, root))
-    unreadable = [p for p in found if not os.access(p, os.R_OK)]
-    if unreadable:
-        raise PathProblem("cannot read %s: permission denied" % unreadable[0])
-    return found
+    unreadable = ["%s: %s" % (e.filename or root, e.strerror or e) for e in errors]
+    unreadable += ["%s: permission denied" % p for p in found if not os.access(p, os.R_OK)]
+    readable = [p for p in found if os.access(p, os.R_OK)]
+    if not readable:
+        where = "; cannot read %s" % unreadable[0] if unreadable else ""
+        raise PathProblem(
+            "no readable %s under %s%s" % (name, root, where) if unreadable else "no %s under %s" % (name, root)
+        )
+    return readable, unreadable
 
 
 def of_tree(hotfix, root):
-    """(report dict, [assessments], exit status) for every backend file under ``root``;
-    the exit status is the worst of them. Raises PathProblem."""
-    reports, assessments, code = [], [], EXIT_OK
-    for path in backend_files(hotfix, root):
+    """(report dict, [assessments], exit status) for every backend file under ``root``; the exit
+    status is the worst of them, and EXIT_BAD_PATH where a part of the tree could not be read (a
+    backend may sit there: the verdicts cover only what was read). Raises PathProblem."""
+    files, unreadable = backend_files(hotfix, root)
+    reports, assessments, code = [], [], EXIT_BAD_PATH if unreadable else EXIT_OK
+    for path in files:
         report, assessment, file_code = of_file(hotfix, path)
         reports.append(report)
         assessments.append(assessment)
         code = max(code, file_code)
-    return {"format_version": FORMAT_VERSION, "root": root, "sources": reports}, assessments, code
+    document = {"format_version": FORMAT_VERSION, "root": root, "sources": reports, "unreadable": unreadable}
+    return document, assessments, code
 
 
 def headline(report):

@@ -2,6 +2,7 @@
 offline installs, `run` never shadowing the image's packages, the wheel's
 contents."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -346,11 +347,21 @@ def test_a_folder_scan_survives_a_too_deeply_nested_file(image_root, deeply_nest
     assert ran.returncode == 2 and verdicts == ["affected", "fixed", "unknown"], ran.stderr
 
 
-def test_a_folder_scan_with_an_unreadable_sub_folder_exits_3(image_root):
-    """No verdict on half a tree (0.3.0 skipped the folder silently, exit 0). The tests run as
-    root, who reads every folder: the permission error is injected where os.walk lists it."""
+@pytest.mark.parametrize("backend_inside", [False, True])
+def test_a_folder_scan_with_an_unreadable_sub_folder_gives_the_rest_and_exits_3(
+    image_root, installed_backend_source, backend_inside
+):
+    """Issue 30, item 4: one unreadable folder stopped the scan with no verdict at all (exit 3).
+    Now: the verdicts of what could be read, a line naming what could not, exit 3 (a backend may
+    sit there). The tests run as root, who reads every folder: the permission error is injected
+    where os.walk lists it."""
     locked = image_root / "locked"
     locked.mkdir()
+    if backend_inside:  # the only backend sits in the unreadable folder: nothing to judge
+        sglang_tree(locked / "srv", installed_backend_source)
+        for other in image_root.iterdir():
+            if other != locked:
+                shutil.rmtree(other)
     code = (
         "import os, sys\n"
         "real = os.scandir\n"
@@ -363,8 +374,15 @@ def test_a_folder_scan_with_an_unreadable_sub_folder_exits_3(image_root):
         "sys.exit(main(['status', '--source', %r, '--json']))\n" % (str(locked), str(image_root))
     )
     ran = run_python(["-c", code])
-    assert ran.returncode == 3 and ran.stdout == "", ran
-    assert "cannot read folder %s: Permission denied" % locked in ran.stderr
+    assert ran.returncode == 3, ran
+    if backend_inside:
+        assert ran.stdout == "" and "cannot read %s: Permission denied" % locked in ran.stderr
+        assert len(ran.stderr.strip().splitlines()) == 1, ran.stderr
+        return
+    report = json.loads(ran.stdout)
+    assert sorted(s["verdict"] for s in report["sources"]) == ["affected", "fixed"]
+    assert report["unreadable"] == ["%s: Permission denied" % locked]
+    assert ran.stderr.count("status --source: cannot read %s: Permission denied" % locked) == 1, ran.stderr
 
 
 def test_an_empty_backend_file_is_unknown_for_every_record(tmp_path):
