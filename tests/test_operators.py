@@ -4,6 +4,8 @@ contents."""
 
 import json
 import os
+import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -12,6 +14,7 @@ import zipfile
 import pytest
 
 import variants
+from sglang_hotfix_trtllm import __version__
 from conftest import (
     PATCHED,
     REPO,
@@ -441,3 +444,40 @@ def test_run_help_lists_the_variables_it_says_it_lists():
     text = run_cli("run", "--help").stdout
     for variable in ("SGLANG_HOTFIX_TRTLLM_DISABLE", "SGLANG_HOTFIX_TRTLLM_STRICT", "SGLANG_PLUGINS", "PYTHONPATH"):
         assert variable in text, variable
+
+
+def _readme_command(opening):
+    """The first backquoted command of the README line that opens with ``opening``."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    line = next(line for line in text.splitlines() if line.startswith(opening))
+    return re.findall(r"`([^`]+)`", line)
+
+
+def test_uv_install_then_the_readmes_uv_removal_leaves_nothing_of_the_plugin(tmp_path, plugin_wheel):
+    """Issue 30, item 7: after the README's `uv pip uninstall`, uv's byte-code of the top-level
+    startup module stayed in site-packages/__pycache__ (pip's removal is clean)."""
+    tool = tmp_path / "tool"
+    subprocess.run([sys.executable, "-m", "venv", str(tool)], check=True, timeout=120)
+    subprocess.run([str(tool / "bin" / "pip"), "install", "-q", "uv"], check=True, timeout=600)
+    target = tmp_path / "target"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(target)], check=True, timeout=120)
+    site = pathlib.Path(
+        subprocess.run(
+            [str(target / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    before = {p.relative_to(site) for p in site.rglob("*")}
+    env = clean_env(PATH="%s:%s:%s" % (target / "bin", tool / "bin", os.environ["PATH"]))
+    (install,) = _readme_command("With uv:")
+    install = install.replace("/tmp/sglang_hotfix_trtllm-%s-py3-none-any.whl" % __version__, str(plugin_wheel))
+    removal = _readme_command("* uv:")
+    for command in [install] + removal:
+        ran = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, timeout=600)
+        assert ran.returncode == 0, (command, ran.stderr)
+    # Files only: an empty __pycache__ folder uv made is nothing of the plugin's; wrapt stays, as with pip.
+    now = {p.relative_to(site) for p in site.rglob("*") if p.is_file()}
+    left = {p for p in now - before if not str(p).startswith("wrapt")}
+    assert left == set(), sorted(map(str, left))
