@@ -1,5 +1,5 @@
-"""sglang-hotfix-trtllm: upstream fixes of SGLang's TRT-LLM MHA backend (records pr26521 and
-pr25103), applied to installed SGLang releases.
+"""sglang-hotfix-trtllm: upstream fixes of SGLang's TRT-LLM MHA backend (the records of
+``sglang_hotfix_trtllm.records.catalog``), applied to installed SGLang releases.
 
 Public API (each call is cheap to import: nothing here imports wrapt, torch or
 SGLang until it is needed):

@@ -14,9 +14,8 @@ import torch
 from packaging.version import Version
 
 import release_selection
-import scan_releases
 import swa_cases
-from conftest import REPO, clean_env, run_python
+from conftest import clean_env, run_python
 from sglang_hotfix_trtllm import detect, engine, patch, switches
 from sglang_hotfix_trtllm.records import catalog, pr25103
 from sglang_hotfix_trtllm.record import Verdict
@@ -53,13 +52,6 @@ def test_shipped_table_gives_every_release_its_verdict():
         "0.5.12",
         "0.5.12.post1",
     ]
-
-
-def test_readme_table_is_what_the_scanner_writes():
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    begin, end = "<!-- releases:pr25103:begin -->", "<!-- releases:pr25103:end -->"
-    shown = text[text.index(begin) + len(begin) : text.index(end)].strip()
-    assert shown == scan_releases.readme_table(list(HOTFIX.known_fingerprints.rows))
 
 
 def test_the_catalog_holds_every_record_on_one_watched_module():

@@ -20,8 +20,6 @@ from packaging.version import Version
 
 import fp8_cases
 import release_selection
-import scan_releases
-from conftest import REPO
 from sglang_hotfix_trtllm import detect, patch
 from sglang_hotfix_trtllm.record import Verdict
 from sglang_hotfix_trtllm.records import pr28144, pr31667
@@ -51,13 +49,6 @@ def test_shipped_table_gives_every_release_its_verdict():
     assert len([r for r in TABLE if Version(r) <= Version("0.5.23")]) == 42
     assert {r: row["verdict"] for r, row in TABLE.items() if row["verdict"] != expected_verdict(r).value} == {}
     assert AFFECTED[0] == "0.5.11" and AFFECTED[-1] == "0.5.15.post1" and len(AFFECTED) == 8
-
-
-def test_readme_table_is_what_the_scanner_writes():
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    begin, end = "<!-- releases:pr31667:begin -->", "<!-- releases:pr31667:end -->"
-    shown = text[text.index(begin) + len(begin) : text.index(end)].strip()
-    assert shown == scan_releases.readme_table(list(HOTFIX.known_fingerprints.rows))
 
 
 @pytest.mark.parametrize(

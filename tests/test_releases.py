@@ -50,16 +50,6 @@ def test_shipped_table_loads_without_a_problem():
     assert HOTFIX.known_fingerprints.problem is None and len(HOTFIX.known_fingerprints) >= 4
 
 
-def test_readme_compatibility_table_is_what_the_scanner_writes():
-    from conftest import REPO
-
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    begin, end = "<!-- releases:%s:begin -->" % HOTFIX.name, "<!-- releases:%s:end -->" % HOTFIX.name
-    shown = text[text.index(begin) + len(begin) : text.index(end)].strip()
-    assert shown == scan_releases.readme_table(list(HOTFIX.known_fingerprints.rows))
-    assert [h.name for h in scan_releases.records()] == ["pr26521", "pr25103", "pr28144", "pr31667"]
-
-
 def test_shipped_table_covers_every_published_release_it_could_know():
     newest = max(TABLE, key=Version)
     published = [r for r in scan_releases.list_releases() if Version(r) <= Version(newest)]

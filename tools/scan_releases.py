@@ -12,8 +12,9 @@ release table it prints one row per release, and with ``--write`` rewrites
 
 * that table (e.g. ``sglang_hotfix_trtllm/records/pr26521_releases.json``:
   fingerprint -> verdict and releases), and
-* the compatibility table in ``README.md`` between the record's
-  ``<!-- releases:NAME:begin -->`` and ``<!-- releases:NAME:end -->`` markers.
+* then, through ``tools/docs_tables.py``, every generated block of the docs (the
+  README's records and status-by-release tables, each record's table in
+  ``docs/records.md``).
 
 Nothing from SGLang is committed: fetched files stay in the cache folder the
 caller names. The index is the one pip is configured with; upload dates come
@@ -40,7 +41,6 @@ import zipfile
 from packaging.version import Version
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-README = REPO / "README.md"
 FIRST_RELEASE = Version("0.5.1")
 # What the tests read beside the records' own modules (the release's
 # ForwardMode, and its SpeculativeAlgorithm).
@@ -193,54 +193,11 @@ def table_data(rows, hotfix):
     }
 
 
-def _ranges(rows):
-    """Consecutive releases with the same verdict and fingerprint, as table rows."""
-    groups = []
-    for row in rows:
-        key = (row["verdict"], row["fingerprint"] if row["verdict"] == "affected" else None)
-        if groups and groups[-1][0] == key:
-            groups[-1][1].append(row)
-        else:
-            groups.append((key, [row]))
-    return groups
-
-
-def readme_table(rows):
-    lines = [
-        "| SGLang releases | uploaded | verdict | fingerprint of the method | what the hotfix does |",
-        "|---|---|---|---|---|",
-    ]
-    for (verdict, fingerprint), group in _ranges(rows):
-        first, last = group[0], group[-1]
-        names = (
-            first["release"]
-            if first is last
-            else "%s … %s (%d releases)" % (first["release"], last["release"], len(group))
-        )
-        dates = first["date"] or "?" if first is last else "%s … %s" % (first["date"] or "?", last["date"] or "?")
-        action = {
-            "affected": "patches",
-            "fixed": "nothing: the code does what upstream's fix does",
-            "not-applicable": "nothing: the code it repairs is not there",
-        }.get(verdict, "refuses")
-        lines.append(
-            "| %s | %s | %s | %s | %s |" % (names, dates, verdict, "`%s`" % fingerprint if fingerprint else "–", action)
-        )
-    return "\n".join(lines)
-
-
-def write_readme(rows, hotfix):
-    text = README.read_text(encoding="utf-8")
-    begin_marker, end_marker = "<!-- releases:%s:begin -->" % hotfix.name, "<!-- releases:%s:end -->" % hotfix.name
-    begin, end = text.index(begin_marker) + len(begin_marker), text.index(end_marker)
-    README.write_text(text[:begin] + "\n" + readme_table(rows) + "\n" + text[end:], encoding="utf-8")
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cache", required=True, help="folder for fetched release files")
     parser.add_argument("--releases", help="comma-separated releases (default: all from 0.5.1 on)")
-    parser.add_argument("--write", action="store_true", help="rewrite the shipped table and the README's table")
+    parser.add_argument("--write", action="store_true", help="rewrite the shipped tables and the docs")
     arguments = parser.parse_args(argv)
     releases = arguments.releases.split(",") if arguments.releases else list_releases()
     dates = upload_dates()
@@ -256,8 +213,11 @@ def main(argv=None):
         if arguments.write:
             table = pathlib.Path(hotfix.known_fingerprints.path)
             table.write_text(json.dumps(table_data(rows, hotfix), indent=1) + "\n", encoding="utf-8")
-            write_readme(rows, hotfix)
-            print("wrote %s and the README's compatibility table for %s" % (table.relative_to(REPO), hotfix.name))
+            print("wrote %s" % table.relative_to(REPO))
+    if arguments.write:  # the docs' tables come from the shipped tables just written
+        import docs_tables
+
+        return docs_tables.main([])
     return 0
 
 

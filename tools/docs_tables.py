@@ -1,0 +1,205 @@
+"""The parts of the docs that are data: written from the catalog and the shipped release tables.
+
+    python tools/docs_tables.py            rewrite every generated block in place
+    python tools/docs_tables.py --check    exit 1 and name the blocks that differ
+
+A generated block sits between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->`` in a page of
+``PAGES``. Every list of records, release range and verdict the docs state comes from here, so
+adding a record or a release changes the docs by running this tool (``tests/test_docs.py`` fails
+until it is run). What ``status`` says for a release is computed by ``status.overall_headline``
+itself, from the shipped verdicts of that release (which ``tests/test_docs.py`` holds equal to
+each release's own source): one source of truth for the README's advice and ``status``.
+
+Run it with the test environment's Python (it imports the installed ``sglang_hotfix_trtllm``).
+"""
+
+import argparse
+import pathlib
+import re
+import sys
+
+from packaging.version import Version
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+PAGES = ("README.md", "docs/records.md")
+ACTIONS = {
+    "affected": "patches",
+    "fixed": "nothing: the code does what upstream's fix does",
+    "not-applicable": "nothing: the code it repairs is not there",
+    "unrepairable": "nothing, and says so: the bug is recognised but cannot be repaired exactly",
+}
+
+
+def records():
+    """The catalog's records that ship a release table, in catalog order."""
+    from sglang_hotfix_trtllm.records import catalog
+
+    return [h for h in catalog.HOTFIXES if getattr(h.known_fingerprints, "path", None)]
+
+
+def rows(hotfix):
+    hotfix.known_fingerprints._load()
+    return list(hotfix.known_fingerprints.rows)
+
+
+def releases():
+    """Every release some record's table knows, oldest first."""
+    return sorted({row["release"] for hotfix in records() for row in rows(hotfix)}, key=Version)
+
+
+def verdicts_by_release():
+    """release -> {record: verdict} from the shipped tables."""
+    table = {release: {} for release in releases()}
+    for hotfix in records():
+        for row in rows(hotfix):
+            table[row["release"]][hotfix.name] = row["verdict"]
+    return table
+
+
+def _span(group, count=True):
+    first, last = group[0], group[-1]
+    if first is last:
+        return first
+    return "%s … %s (%d releases)" % (first, last, len(group)) if count else "%s to %s" % (first, last)
+
+
+def _groups(items, key):
+    """Consecutive items with the same key, as (key, [items])."""
+    groups = []
+    for item in items:
+        if groups and groups[-1][0] == key(item):
+            groups[-1][1].append(item)
+        else:
+            groups.append((key(item), [item]))
+    return groups
+
+
+def affected_spans(hotfix):
+    """The record's affected releases as consecutive runs, e.g. ['0.5.1 to 0.5.12.post1']."""
+    groups = _groups(rows(hotfix), lambda row: row["verdict"] == "affected")
+    return [_span([r["release"] for r in group], count=False) for affected, group in groups if affected]
+
+
+def compatibility_table(hotfix):
+    """One record's releases, grouped by verdict and fingerprint (docs/records.md)."""
+    lines = [
+        "| SGLang releases | uploaded | verdict | fingerprint of the method | what the hotfix does |",
+        "|---|---|---|---|---|",
+    ]
+    key = lambda row: (row["verdict"], row["fingerprint"] if row["verdict"] == "affected" else None)  # noqa: E731
+    for (verdict, fingerprint), group in _groups(rows(hotfix), key):
+        first, last = group[0], group[-1]
+        dates = first["date"] or "?" if first is last else "%s … %s" % (first["date"] or "?", last["date"] or "?")
+        lines.append(
+            "| %s | %s | %s | %s | %s |"
+            % (
+                _span([r["release"] for r in group]),
+                dates,
+                verdict,
+                "`%s`" % fingerprint if fingerprint else "–",
+                ACTIONS.get(verdict, "refuses"),
+            )
+        )
+    return "\n".join(lines)
+
+
+def records_table():
+    """The README's list of records: what each fixes, where, as which upstream change."""
+    lines = [
+        "| record | what upstream's fix does | SGLang releases with the bug | the hotfix applies |",
+        "|---|---|---|---|",
+    ]
+    for hotfix in records():
+        lines.append(
+            "| [`%s`](docs/records.md#%s) | %s | %s | %s |"
+            % (hotfix.name, hotfix.name, hotfix.summary, ", ".join(affected_spans(hotfix)), hotfix.upstream)
+        )
+    return "\n".join(lines)
+
+
+def status_first_line(release, verdicts):
+    """What ``status`` prints first for ``release`` where a loader is active (a plain pip
+    install), computed by status's own ``overall_headline``."""
+    from sglang_hotfix_trtllm import engine, status
+
+    reports = []
+    for name, verdict in verdicts.items():
+        affected = verdict == "affected"
+        reports.append(
+            {
+                "hotfix": name,
+                "verdict": verdict,
+                "reason": "(reason)",
+                "sglang_version": release,
+                "would_patch": affected,
+                "decision": engine.Action.PATCH.value if affected else "none",
+                "would_patch_reason": status.COVERAGE_WORDS[status.EVERY_PROCESS],
+                "covered_processes": status.EVERY_PROCESS if affected else status.NONE,
+            }
+        )
+    code = status.EXIT_UNPROTECTED if any(v in ("unknown", "unrepairable") for v in verdicts.values()) else 0
+    return status.overall_headline(reports, code), code
+
+
+def status_rows():
+    """(releases, first word, records patched, exit) runs, oldest first."""
+    out = []
+    for release, verdicts in verdicts_by_release().items():
+        line, code = status_first_line(release, verdicts)
+        word = re.match(r"[A-Z ]+[A-Z]", line).group(0)
+        patched = ", ".join(name for name, verdict in verdicts.items() if verdict == "affected")
+        out.append((release, word, patched, code))
+    return [([r[0] for r in group], key) for key, group in _groups(out, lambda r: r[1:])]
+
+
+def removable_from():
+    """The first release from which ``status`` says NOTHING TO DO for every later release."""
+    runs = status_rows()
+    last_releases, (word, _, _) = runs[-1]
+    return last_releases[0] if word == "NOTHING TO DO" else None
+
+
+def status_table():
+    lines = ["| SGLang releases | `status` says | records it patches | exit |", "|---|---|---|---|"]
+    for group, (word, patched, code) in status_rows():
+        lines.append("| %s | `%s` | %s | %d |" % (_span(group), word, patched or "none", code))
+    return "\n".join(lines)
+
+
+def blocks():
+    """Block name -> its text."""
+    generated = {"records": records_table(), "status-by-release": status_table()}
+    for hotfix in records():
+        generated["releases:" + hotfix.name] = compatibility_table(hotfix)
+    return generated
+
+
+def rendered(text, generated):
+    """``text`` with every generated block it holds rewritten."""
+    for name, body in generated.items():
+        begin, end = "<!-- %s:begin -->" % name, "<!-- %s:end -->" % name
+        if begin in text:
+            start, stop = text.index(begin) + len(begin), text.index(end)
+            text = text[:start] + "\n" + body + "\n" + text[stop:]
+    return text
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="only say which pages differ")
+    arguments = parser.parse_args(argv)
+    generated, stale = blocks(), []
+    for page in PAGES:
+        path = REPO / page
+        text = path.read_text(encoding="utf-8")
+        new = rendered(text, generated)
+        if new != text:
+            stale.append(page)
+            if not arguments.check:
+                path.write_text(new, encoding="utf-8")
+    print(("stale: " if arguments.check else "rewrote: ") + (", ".join(stale) or "nothing"))
+    return 1 if arguments.check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
