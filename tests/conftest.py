@@ -39,13 +39,26 @@ def record_names():
     return [hotfix.name for hotfix in catalog.HOTFIXES]
 
 
-def wrapped_methods(*records, leaving_out=()):
-    """The methods of the backend class the named records wrap (every record's when none is
-    named), sorted, each once (records of one site share a method: ``forward_decode``);
-    ``leaving_out``: records whose methods are not counted."""
+def applied_record_names():
+    """The records with a bug in the installed SGLang (``affected``, from its source, as a process
+    here decides): the ones a process here patches and logs, in the catalog's order. Records fixed
+    there (pr17732, pr19107 on 0.5.12) have a status block but no patch."""
+    from sglang_hotfix_trtllm import detect
+    from sglang_hotfix_trtllm.record import Verdict
     from sglang_hotfix_trtllm.records import catalog
 
-    chosen = [h for h in catalog.HOTFIXES if (not records or h.name in records) and h.name not in leaving_out]
+    with detect.shared_parses():
+        return [h.name for h in catalog.HOTFIXES if detect.assess_installed(h).verdict is Verdict.AFFECTED]
+
+
+def wrapped_methods(*records, leaving_out=()):
+    """The methods of the backend class the named records wrap (every applied record's when none
+    is named: ``applied_record_names``), sorted, each once (records of one site share a method:
+    ``forward_decode``); ``leaving_out``: records whose methods are not counted."""
+    from sglang_hotfix_trtllm.records import catalog
+
+    named = records or applied_record_names()
+    chosen = [h for h in catalog.HOTFIXES if h.name in named and h.name not in leaving_out]
     return sorted({name for hotfix in chosen for name in hotfix.method_names})
 
 

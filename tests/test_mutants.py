@@ -51,8 +51,12 @@ the generator made at least as many mutants as measured, and lists every
 mutant that breaks the rule, with its id and the mutated statement.
 
 Releases: the installed SGLang (0.5.12) always; the other code variants
-(pr26521: 0.5.1, 0.5.3; pr25103: 0.5.9; pr28144: 0.5.1, 0.5.9) unless
-``SGLANG_HOTFIX_RELEASES`` is ``quick`` (a comma-separated list picks among them).
+(pr26521: 0.5.1, 0.5.3; pr25103: 0.5.9; pr28144: 0.5.1, 0.5.9; pr31667: 0.5.14) unless
+``SGLANG_HOTFIX_RELEASES`` is ``quick`` (a comma-separated list picks among them). The Blackwell
+records, with no bug in 0.5.12, run on their own releases only (pr17732: 0.5.1 and 0.5.8.post1, the
+first of them when quick; pr19107: 0.5.9): every mutant of the methods they pin must be refused,
+and the unmutated release repaired exactly (pr17732: ``fp8_cases`` with PR #17732 from 0.5.9's file;
+pr19107: ``swa_write_cases`` on SGLang's real SWAKVPool, with PR #19107 from 0.5.10's file).
 """
 
 import ast
@@ -72,9 +76,10 @@ import isolated_release
 import mutants
 import release_selection
 import swa_cases
+import swa_write_cases
 import upstream_fix
 from sglang_hotfix_trtllm import detect, engine, patch
-from sglang_hotfix_trtllm.records import pr25103, pr26521, pr28144, pr31667
+from sglang_hotfix_trtllm.records import pr17732, pr19107, pr25103, pr26521, pr28144, pr31667
 from sglang_hotfix_trtllm.record import Verdict
 
 INSTALLED = "installed"
@@ -152,10 +157,33 @@ RECORDS = {
         },
         variants=("0.5.14",),
     ),
+    # The Blackwell records have no bug in the installed SGLang (0.5.12): their affected releases only.
+    "pr17732": dict(
+        record=pr17732,
+        methods=("forward_decode", "forward_extend", "_should_use_fused_fp8_path", "_fused_fp8_set_kv_buffer"),
+        pinned=("forward_decode", "forward_extend", "_should_use_fused_fp8_path", "_fused_fp8_set_kv_buffer"),
+        writes={
+            "kv_pair": "kv_cache = (k_cache, v_cache)",
+            "one_head": "layer.tp_k_head_num = 1",
+        },
+        variants=("0.5.1", "0.5.8.post1"),
+        installed=False,
+    ),
+    "pr19107": dict(
+        record=pr19107,
+        methods=("_fused_fp8_set_kv_buffer", "__init__", "forward_decode", "forward_extend"),
+        pinned=("_fused_fp8_set_kv_buffer", "__init__", "forward_decode", "forward_extend"),
+        writes={
+            "full_locations": "cache_loc = forward_batch.out_cache_loc",
+            "no_swa_pool": "self.use_sliding_window_kv_pool = False",
+        },
+        variants=("0.5.9",),
+        installed=False,
+    ),
 }
 # Mutants the generator makes, measured (pr26521: 363 on 0.5.12, 310 on 0.5.1 and
 # 0.5.3; pr25103: 403 on 0.5.12, 331 on 0.5.9; pr28144: 645 on 0.5.12, 636 on 0.5.9, 320 on 0.5.1;
-# pr31667: 303 on 0.5.12, 271 on 0.5.14),
+# pr31667: 303 on 0.5.12, 271 on 0.5.14; pr17732: 286 on 0.5.1, 447 on 0.5.8.post1; pr19107: 680 on 0.5.9),
 # less a little: a generator that silently stops mutating fails here.
 FLOORS = {
     ("pr26521", INSTALLED): 350,
@@ -168,15 +196,22 @@ FLOORS = {
     ("pr28144", "0.5.1"): 310,
     ("pr31667", INSTALLED): 290,
     ("pr31667", "0.5.14"): 260,
+    ("pr17732", "0.5.1"): 275,
+    ("pr17732", "0.5.8.post1"): 435,
+    ("pr19107", "0.5.9"): 665,
 }
 
 
-def _releases(variants):
+def _releases(spec):
+    variants = spec["variants"]
+    if not spec.get("installed", True):  # no bug in the installed SGLang: its first variant even when quick
+        chosen = release_selection.selected(list(variants), variants[:1])
+        return [r for r in chosen if r in variants]
     chosen = release_selection.selected(list(variants), ())  # all: every variant; quick: none; a list: those named
     return [INSTALLED] + [r for r in chosen if r in variants]
 
 
-PARAMS = [(name, release) for name, spec in RECORDS.items() for release in _releases(spec["variants"])]
+PARAMS = [(name, release) for name, spec in RECORDS.items() for release in _releases(spec)]
 
 
 @pytest.fixture
@@ -584,6 +619,64 @@ class ScaleRepair:
         return None
 
 
+class StrideRepair(ScaleRepair):
+    """pr17732: as ``ScaleRepair``, the oracle the same mutant with PR #17732 applied from 0.5.9's
+    file, on every case with absent or float scales (one KV head: the bug bites in each)."""
+
+    hotfix = pr17732.HOTFIX
+
+    def chosen_cases(self, release):
+        return {n: c for n, c in fp8_cases.cases(release).items() if c.scales in ("absent", "float")}
+
+    def oracle(self, folder):
+        return fp8_cases.upstream_module(
+            folder, self.fixed_dir, scales=False, canonical_strides_dir=release_selection.release_dir("0.5.9")
+        )
+
+
+class WriteRepair:
+    """pr19107: the mutated file compiled as ``fp8_cases`` compiles a release (in a folder named
+    0.5.9, beside that release's files); the fused write called directly and inside both methods
+    on SGLang's real SWAKVPool (``swa_write_cases``), against the mutant with PR #19107 applied
+    from 0.5.10's file."""
+
+    def __init__(self, release, source_root, tmp, monkeypatch):
+        self.scales = ScaleRepair(release, source_root, tmp, monkeypatch)
+        self.release, self.tmp = release, tmp
+
+    def check(self, index, text, patched=True):
+        folder = self.tmp / ("write%d" % index) / self.release
+        _write(folder, text)
+        for member, path in self.scales.files.items():
+            (folder / member).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, folder / member)
+        try:
+            module, oracle = swa_write_cases.modules(folder)
+        except Exception as error:
+            return "the mutated module or its oracle does not load (%s)" % _error(error)
+        try:
+
+            def calls(m):
+                return dict(swa_write_cases.helper_calls(m, True), **swa_write_cases.method_calls(m, self.release))
+
+            want = calls(oracle)
+            if patched:
+                assessment = detect.assess_module(pr19107.HOTFIX, module)
+                if assessment.verdict is not Verdict.AFFECTED:
+                    return "the module is assessed %s: %s" % (assessment.verdict.value, assessment.reason)
+                try:
+                    patch.wrap(pr19107.HOTFIX, module, assessment)
+                    got = calls(module)
+                finally:
+                    patch.remove_all()
+            else:
+                got = calls(module)
+        finally:
+            fp8_cases._tree.cache_clear()
+        differing = [name for name in want if got.get(name) != want[name]]
+        return "%d calls differ from the oracle; the first, %s" % (len(differing), differing[0]) if differing else None
+
+
 class QueryRepair(ScaleRepair):
     """pr31667: as ``ScaleRepair``, the oracle the same mutant with PR #31667 applied from 0.5.16's
     file, on decode cases (both layouts, XQA on and off) without a KV write."""
@@ -657,8 +750,8 @@ def test_every_mutant_is_refused_or_repaired_exactly(name, release, release_sour
         repair = CaptureRepair(root, tmp_path, monkeypatch)
     elif name == "pr25103":
         repair = PoolRepair(text, tmp_path)
-    else:  # pr28144, pr31667: the installed release's files are named as its release
-        repair = (QueryRepair if name == "pr31667" else ScaleRepair)(
+    else:  # the kernel-call records and pr19107: the installed release's files are named as its release
+        repair = {"pr31667": QueryRepair, "pr17732": StrideRepair, "pr19107": WriteRepair}.get(name, ScaleRepair)(
             importlib.metadata.version("sglang") if release == INSTALLED else release, root, tmp_path, monkeypatch
         )
     # The differential can fail: unpatched, the unmutated code is not upstream's.

@@ -222,4 +222,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    # Run as a tool: the checkout's package, not an installed copy (the tables live beside its records).
+    sys.path.insert(0, str(REPO))
     sys.exit(main())

@@ -1,8 +1,12 @@
-"""The hotfixes this package carries. Standard library only."""
+"""The hotfixes this package carries. Standard library only.
 
-from . import pr25103, pr26521, pr28144, pr31667
+The order is the order records are listed, applied and, on a shared kernel call
+(``trtllm_kernel_site``), repaired in: the records' repairs there touch different
+arguments (pr28144 the scales, pr31667 the query, pr17732 the K/V cache views)."""
 
-HOTFIXES = (pr26521.HOTFIX, pr25103.HOTFIX, pr28144.HOTFIX, pr31667.HOTFIX)
+from . import pr17732, pr19107, pr25103, pr26521, pr28144, pr31667
+
+HOTFIXES = (pr26521.HOTFIX, pr25103.HOTFIX, pr28144.HOTFIX, pr31667.HOTFIX, pr17732.HOTFIX, pr19107.HOTFIX)
 
 
 def for_module(module_name):

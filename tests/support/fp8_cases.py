@@ -425,12 +425,19 @@ def _install(module, code, names):
         setattr(cls, name, holder.__dict__[name])  # __dict__: the staticmethod object itself
 
 
-def upstream_module(release_dir, fixed_dir, scales=True, packed_query_dir=None):
+def upstream_module(
+    release_dir, fixed_dir, scales=True, packed_query_dir=None, canonical_strides_dir=None, swa_locations_dir=None
+):
     """The release's module with upstream's fixes applied (compiled from the release's file):
     ``scales``, PR #28144 as #29423 revised it (0.5.15's helpers on the class and 0.5.15's
     statements in the release's two methods, ``fixed_dir`` holding 0.5.15); ``packed_query_dir``
     (a folder holding 0.5.16), PR #31667: 0.5.16's ``if self.is_xqa_impl: ... else: ...`` in
-    place of the release's ``q = q.reshape(...)`` in ``forward_decode``."""
+    place of the release's ``q = q.reshape(...)`` in ``forward_decode``; ``canonical_strides_dir``
+    (a folder holding 0.5.9), PR #17732: 0.5.9's two ``if layer.tp_*_head_num == 1:`` statements
+    before ``kv_cache = (k_cache, v_cache)`` in both methods, and 0.5.9's ``canonicalize_stride``
+    (compiled from its attention utils) as the module's global; ``swa_locations_dir`` (a folder
+    holding 0.5.10), PR #19107: 0.5.10's ``_get_layer_cache_loc`` on the class and 0.5.10's
+    ``cache_loc = ...`` statement in place of the release's in ``_fused_fp8_set_kv_buffer``."""
     module = load_backend_module(release_dir)
     fixed_path, path = fixed_dir / BACKEND, release_dir / BACKEND
     own = _methods(_backend_class(path))
@@ -444,8 +451,57 @@ def upstream_module(release_dir, fixed_dir, scales=True, packed_query_dir=None):
         _apply_packed_query(
             own["forward_decode"], _methods(_backend_class(packed_query_dir / BACKEND))["forward_decode"]
         )
-    _install(module, _holder([own[name] for name in METHODS], path), METHODS)
+    if canonical_strides_dir is not None:
+        canonical = _methods(_backend_class(canonical_strides_dir / BACKEND))
+        for name in METHODS:
+            _apply_canonical_strides(own[name], canonical[name])
+        module.canonicalize_stride = release_canonicalize_stride(canonical_strides_dir)
+    names = METHODS
+    if swa_locations_dir is not None:
+        translated_path = swa_locations_dir / BACKEND
+        translated = _methods(_backend_class(translated_path))
+        _install(module, _holder([translated[SWA_TRANSLATOR]], translated_path), (SWA_TRANSLATOR,))
+        _apply_swa_locations(own[FUSED_WRITE], translated[FUSED_WRITE])
+        names = METHODS + (FUSED_WRITE,)
+    _install(module, _holder([own[name] for name in names], path), names)
     return module
+
+
+FUSED_WRITE, SWA_TRANSLATOR = "_fused_fp8_set_kv_buffer", "_get_layer_cache_loc"
+
+
+def _is_cache_loc(statement):
+    return _assigned_name(statement) == "cache_loc"
+
+
+def _apply_swa_locations(method, fixed_method):
+    """PR #19107 on the release's fused FP8 write, in place: its one ``cache_loc = ...`` becomes
+    0.5.10's."""
+    (statement,) = [s for body in _bodies(fixed_method) for s in body if _is_cache_loc(s)]
+    places = [(body, i) for body in _bodies(method) for i, s in enumerate(body) if _is_cache_loc(s)]
+    assert len(places) == 1, (method.name, "cache_loc statements", len(places))
+    body, i = places[0]
+    body[i] = _placed_at(statement, body[i].lineno)
+
+
+KV_PAIR = "kv_cache = (k_cache, v_cache)"
+
+
+def _apply_canonical_strides(method, fixed_method):
+    """PR #17732 on one of the release's methods, in place: 0.5.9's statements that call
+    ``canonicalize_stride``, taken from 0.5.9's method, right before its one ``kv_cache = (k_cache,
+    v_cache)`` (where 0.5.9 has them)."""
+    statements = [
+        s
+        for body in _bodies(fixed_method)
+        for s in body
+        if isinstance(s, ast.If) and "canonicalize_stride" in ast.unparse(s)
+    ]
+    assert len(statements) == 2, (method.name, "0.5.9's statements", len(statements))
+    places = [(body, i) for body in _bodies(method) for i, s in enumerate(body) if ast.unparse(s) == KV_PAIR]
+    assert len(places) == 1, (method.name, KV_PAIR, len(places))
+    body, i = places[0]
+    body[i:i] = [_placed_at(s, body[i].lineno) for s in statements]
 
 
 def _is_xqa_query_choice(statement):

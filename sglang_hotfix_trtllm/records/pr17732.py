@@ -1,0 +1,217 @@
+"""The hotfix record for SGLang PR #17732 ("Canonicalize the strides when num_head = 1"): with one
+KV head per rank, FlashInfer's TRT-LLM-GEN kernels get K/V cache views with canonical strides.
+
+Standard library only at import; torch is reached at call time, from the process that already
+runs it.
+
+The bug (SGLang 0.5.1 to 0.5.8.post1): ``forward_decode`` and ``forward_extend`` hand FlashInfer's
+TRT-LLM kernels ``kv_cache = (k_cache, v_cache)``, each the pool's per-layer buffer viewed as
+``[pages, page_size, heads, head_dim]`` and permuted to ``[pages, heads, page_size, head_dim]``.
+With one KV head on the rank (an 8-KV-head model at TP 8: Llama 4, many GQA models) the head
+dimension has size 1 and the same stride as the page-size dimension (``[ps*D, D, D, 1]``), and
+TRT-LLM-GEN's TMA descriptor, which takes the head stride as it is, rejects it: the server dies
+at start with ``buildNdTmaDescriptor ... Check failed: false`` (FlashInfer issue #2232). Every
+FlashInfer those releases pin (0.2.11.post3 to 0.6.1) passes the strides to the kernel
+unchanged; only SM100 runs TRT-LLM-GEN (before 0.5.10, ``trtllm_mha`` is Blackwell-only).
+
+Upstream's fix, in 0.5.9, after the two views in both methods::
+
+    if layer.tp_k_head_num == 1:
+        k_cache = canonicalize_stride(k_cache)
+    if layer.tp_v_head_num == 1:
+        v_cache = canonicalize_stride(v_cache)
+
+where ``canonicalize_stride`` (``sglang.srt.layers.attention.utils``, absent before 0.5.9) returns
+the tensor itself unless some size-1 dimension has the stride of the dimension after it, and
+otherwise the same storage viewed with the strides of a contiguous tensor of its sizes
+(``as_strided``). The affected releases do not ship it: ``canonical_strides`` below computes what
+0.5.9's definition computes (a test holds the two equal, the real function fetched from 0.5.9's
+wheel, over tensors of every shape the backend makes and more).
+
+The repair, through FlashInfer's kernel call site (``trtllm_kernel_site``, shared with pr28144,
+whose bug the same releases have): the kernel's ``kv_cache`` gets, for a side with one head on
+the rank, that view through ``canonical_strides``; a side with more heads, and every other
+argument, is SGLang's own object. A call of a layer with more than one KV head on both sides
+runs SGLang's method alone.
+
+Verdicts, from the live ``forward_decode`` and ``forward_extend`` together: ``affected`` when they
+are, by fingerprint, the code of 0.5.1 to 0.5.8.post1 (and the module binds ``flashinfer`` once,
+nothing else reaches a kernel, the helpers they call are known: ``trtllm_kernel_routes``);
+``fixed`` when each method, or the ``_reshape_paged_kv_cache`` it calls (0.5.16 on), holds
+upstream's two statements and the module imports ``canonicalize_stride``; ``unknown`` otherwise.
+"""
+
+import ast
+import os
+
+from .. import detect
+from . import pr28144
+from . import trtllm_kernel_routes as routes
+from . import trtllm_kernel_site as site
+from ..fingerprint import of_node
+from ..record import Classification, Hotfix, Verdict
+from ..release_table import ReleaseTable
+
+CLASS_NAME = site.CLASS_NAME
+METHODS = ("forward_decode", "forward_extend")
+RESHAPE_HELPER = "_reshape_paged_kv_cache"  # 0.5.16 on: the views and upstream's statements, in one helper
+UPSTREAM = "SGLang 0.5.9 (PR #17732)"
+UPSTREAM_FUNCTION = "canonicalize_stride"
+UPSTREAM_STATEMENTS = {
+    side: "if layer.tp_%s_head_num == 1:\n    %s_cache = %s(%s_cache)" % (side, side, UPSTREAM_FUNCTION, side)
+    for side in "kv"
+}
+
+
+# --------------------------------------------------------------------------
+# The repair
+
+
+def needs_repair(backend, layer, q, wrapped):
+    """True where a side of the layer's KV cache has one head on the rank (upstream canonicalizes
+    that view; a view that needs no change is passed on as it is)."""
+    return getattr(layer, "tp_k_head_num", None) == 1 or getattr(layer, "tp_v_head_num", None) == 1
+
+
+def canonical_strides(tensor):
+    """What 0.5.9's ``canonicalize_stride`` returns for ``tensor``: ``tensor`` itself unless a
+    dimension of size 1 has the stride of the dimension after it; then ``tensor.as_strided`` with
+    its sizes and the strides a contiguous tensor of those sizes has (the storage offset kept, as
+    ``as_strided`` keeps it)."""
+    sizes, strides = tuple(tensor.size()), tuple(tensor.stride())
+    degenerate = any(sizes[i] == 1 and strides[i] == strides[i + 1] for i in range(len(sizes) - 1))
+    if not degenerate:
+        return tensor
+    contiguous, step = [], 1
+    for size in reversed(sizes):
+        contiguous.append(step)
+        step *= size
+    return tensor.as_strided(sizes, tuple(reversed(contiguous)))
+
+
+def upstream_kv_cache(call, kwargs):
+    """The kernel's keyword arguments with 0.5.9's ``kv_cache``: each one-head side's view with
+    canonical strides. The call's own arguments, untouched, where that changes nothing."""
+    kv_cache, layer = kwargs["kv_cache"], call.layer
+    if type(kv_cache) is not tuple or len(kv_cache) != 2:
+        raise ValueError("the kernel's kv_cache is not the (k_cache, v_cache) pair the method builds")
+    repaired = []
+    for view, heads in zip(kv_cache, (layer.tp_k_head_num, layer.tp_v_head_num)):
+        if view.dim() != 4 or view.shape[1] != heads:  # not the permuted view the method built
+            raise ValueError("the kernel's cache view is %s, not [pages, %d, page_size, head_dim]" % (
+                tuple(view.shape), heads))
+        repaired.append(canonical_strides(view) if heads == 1 else view)
+    if repaired[0] is kv_cache[0] and repaired[1] is kv_cache[1]:
+        return kwargs
+    return dict(kwargs, kv_cache=tuple(repaired))
+
+
+site.register("pr17732", needs_repair, upstream_kv_cache)
+
+
+# --------------------------------------------------------------------------
+# Recognising the code
+
+# (forward_decode, forward_extend) fingerprints of the affected releases: pr28144's pins of the
+# same releases (both records pin the pair of methods as a whole).
+AFFECTED = {
+    pair: releases
+    for pair, releases in pr28144.AFFECTED.items()
+    if releases
+    in ("0.5.1 to 0.5.4.post1", "0.5.4.post2 to 0.5.5.post3", "0.5.6", "0.5.6.post1 to 0.5.8.post1")
+}
+HELPERS = pr28144.HELPERS  # the class's methods those two call before the kernel, by fingerprint
+
+
+def _holds_upstreams_statements(function):
+    statements = {ast.unparse(node) for node in ast.walk(function) if isinstance(node, ast.If)}
+    return all(UPSTREAM_STATEMENTS[side] in statements for side in "kv")
+
+
+def _calls_self(function, name):
+    return any(
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == name
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "self"
+        for node in ast.walk(function)
+    )
+
+
+def _imports_upstream_function(tree):
+    return any(
+        isinstance(node, ast.ImportFrom)
+        and (node.module or "").startswith("sglang.")
+        and any(alias.name == UPSTREAM_FUNCTION and alias.asname is None for alias in node.names)
+        for node in tree.body
+    )
+
+
+def classify(tree):
+    """Classify the source of ``trtllm_mha_backend`` (an ``ast.Module``)."""
+    cls, class_problem = detect.live_class(tree, CLASS_NAME)
+    if cls is None:
+        return Classification(Verdict.UNKNOWN, class_problem, of_node(tree))
+    live = detect.live_methods(tree, cls, METHODS + (RESHAPE_HELPER,) + tuple(HELPERS))
+    for name in METHODS:
+        function, problem = live[name]
+        if function is None:
+            return Classification(Verdict.UNKNOWN, problem or "%s.%s not found" % (CLASS_NAME, name), of_node(cls))
+    methods = [live[name][0] for name in METHODS]
+    fingerprint = of_node(ast.Module(body=list(methods), type_ignores=[]))
+    first_lines = {name: detect.first_line_of(live[name][0]) for name in METHODS}
+
+    def verdict(value, reason):
+        return Classification(value, reason, fingerprint, first_lines)
+
+    pair = tuple(of_node(m) for m in methods)
+    if pair in AFFECTED:
+        problem = routes.problem(tree, cls, live, methods, HELPERS)
+        if problem:
+            return verdict(Verdict.UNKNOWN, problem)
+        return verdict(
+            Verdict.AFFECTED,
+            "forward_decode and forward_extend pass FlashInfer's TRT-LLM kernels K/V cache views whose head "
+            "dimension, with one KV head on the rank, has the page dimension's stride (TRT-LLM-GEN's TMA "
+            "descriptor rejects it). Repaired: kernel calls through the module's flashinfer",
+        )
+    helper, helper_problem = live[RESHAPE_HELPER]
+    fixed = [
+        _holds_upstreams_statements(m)
+        or (
+            helper is not None
+            and not helper_problem
+            and _calls_self(m, RESHAPE_HELPER)
+            and _holds_upstreams_statements(helper)
+        )
+        for m in methods
+    ]
+    if all(fixed) and _imports_upstream_function(tree):
+        return verdict(
+            Verdict.FIXED,
+            "forward_decode and forward_extend canonicalize a one-head K/V cache view's strides (SGLang 0.5.9, "
+            "PR #17732)",
+        )
+    return verdict(
+        Verdict.UNKNOWN,
+        "forward_decode / forward_extend are not the code of a release this hotfix knows (fingerprints %s / %s)"
+        % pair,
+    )
+
+
+HOTFIX = Hotfix(
+    name="pr17732",
+    upstream=UPSTREAM,
+    summary="TRT-LLM MHA decode and extend pass TRT-LLM-GEN K/V cache views with canonical strides when the "
+    "rank holds one KV head (the server no longer dies in buildNdTmaDescriptor)",
+    effect="FlashInfer's TRT-LLM kernels receive one-head K/V cache views with canonical strides",
+    distribution="sglang",
+    target="%s.%s.%s" % (site.MODULE, CLASS_NAME, METHODS[0]),
+    also=METHODS[1:],
+    gates=((site.GATED_GLOBAL, site.make_gate),),  # armed by the first call that needs a repair
+    site=site.SITE,
+    classify=classify,
+    wrapper=site.note_the_call,
+    known_fingerprints=ReleaseTable(os.path.join(os.path.dirname(os.path.abspath(__file__)), "pr17732_releases.json")),
+)

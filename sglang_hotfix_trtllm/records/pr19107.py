@@ -1,0 +1,197 @@
+"""The hotfix record for SGLang PR #19107 ("Fix trtllm_mha fp8 SWA KV index translation"): the fused
+FP8 KV write of a sliding-window layer writes at the sliding-window pool's indices.
+
+Standard library only at import (wrapt is imported when the record wraps, as for every record).
+
+The bug (SGLang 0.5.9 only): 0.5.9 gave ``trtllm_mha`` sliding-window KV pools (PR #18970): reads
+translate full-pool indices into the SWA pool's (``_maybe_translate_swa``), and the plain KV write
+goes through ``SWAKVPool.set_kv_buffer``, which translates them itself. The fused FP8 write does
+not: ``_fused_fp8_set_kv_buffer`` takes the K/V buffers of the layer's own pool (for a
+sliding-window layer, the SWA pool's) and writes them at ``forward_batch.out_cache_loc``, the
+full pool's indices. With ``--kv-cache-dtype fp8_e4m3`` on a hybrid sliding-window model (Llama 4,
+MiMo-V2-Flash, Step-3.5; gpt-oss once its gate is lifted) the sliding-window layers' new K/V land
+in other tokens' slots (or past the SWA pool), and what the model then reads is, upstream's words,
+"completely broken". Upstream's fix, in 0.5.10::
+
+    cache_loc = self._get_layer_cache_loc(layer, forward_batch.out_cache_loc)
+
+with the new method ``_get_layer_cache_loc``: if ``self.use_sliding_window_kv_pool`` and the
+layer is a sliding-window one in ``self._swa_kv_pool.layers_mapping``, the locations through
+``self._swa_kv_pool.translate_loc_from_full_to_swa``; else the locations as they are.
+
+The repair: ``_fused_fp8_set_kv_buffer`` wrapped. A call of a full-attention layer, or of a backend
+without a sliding-window pool, runs SGLang's method alone. For a sliding-window layer the method
+runs with the forward batch seen through a proxy whose ``out_cache_loc`` is 0.5.10's translated
+locations (computed by the same pool calls 0.5.10 makes); everything else it reads is the batch's
+own (the method reads ``out_cache_loc`` and ``token_to_kv_pool``, once each: its fingerprint pins
+that), so the fused kernel gets exactly 0.5.10's arguments. ``_swa_kv_pool`` is read at each call:
+with record ``pr25103`` on, it is the pool that record resolves, as in 0.5.13.
+
+Verdicts: ``affected`` when ``_fused_fp8_set_kv_buffer``, ``__init__`` and the two methods that call
+the fused write are, by fingerprint, 0.5.9's; ``fixed`` when the live fused write
+(``_fused_fp8_set_kv_buffer``, or ``_fused_fp8_qkv_kv_cache`` from 0.5.16) takes its locations from
+``self._get_layer_cache_loc`` (0.5.10 on); ``not-applicable`` when there is no fused FP8 write
+(before 0.5.6.post1) or the backend has no sliding-window pool (0.5.6.post1 to 0.5.8.post1: its
+reads are not translated either, a state #19107 does not address); ``unknown`` otherwise.
+"""
+
+import ast
+import os
+
+from .. import detect, logs
+from . import pr28144
+from ..fingerprint import of_node
+from ..record import Classification, Hotfix, Verdict
+from ..release_table import ReleaseTable
+
+CLASS_NAME = "TRTLLMHAAttnBackend"
+METHOD = "_fused_fp8_set_kv_buffer"
+LATER_METHOD = "_fused_fp8_qkv_kv_cache"  # 0.5.16 on: the fused write's new name
+CALLERS = ("forward_decode", "forward_extend")
+TRANSLATOR = "_get_layer_cache_loc"
+UPSTREAM = "SGLang 0.5.10 (PR #19107)"
+POOL_ATTRIBUTES = ("use_sliding_window_kv_pool", "_swa_kv_pool")
+
+
+# --------------------------------------------------------------------------
+# The repair
+
+
+def _arguments(self, q, k, v, layer, forward_batch, **kwargs):
+    """Binds a call exactly as 0.5.9's parameter list does (the record pins it by fingerprint)."""
+    return self, q, k, v, layer, forward_batch, kwargs
+
+
+def upstream_locations(backend, layer, locations):
+    """0.5.10's ``_get_layer_cache_loc(layer, locations)``, or None where it returns them as they are."""
+    if not backend.use_sliding_window_kv_pool:
+        return None
+    _, is_swa = backend._swa_kv_pool.layers_mapping[layer.layer_id]
+    if not is_swa:
+        return None
+    return backend._swa_kv_pool.translate_loc_from_full_to_swa(locations)
+
+
+_proxy_class = []  # made at the first repair (it subclasses wrapt's ObjectProxy)
+
+
+def _translated_batch(forward_batch, locations):
+    if not _proxy_class:
+        import wrapt
+
+        class ForwardBatchWithSWALocations(wrapt.ObjectProxy):
+            """The forward batch as 0.5.10's fused write sees it: its own, but for the write locations."""
+
+            @property
+            def out_cache_loc(self):
+                return self._self_locations
+
+        _proxy_class.append(ForwardBatchWithSWALocations)
+    proxy = _proxy_class[0](forward_batch)
+    proxy._self_locations = locations
+    return proxy
+
+
+def translate_write_locations(module, wrapped, instance, args, kwargs):
+    """wrapt wrapper of ``_fused_fp8_set_kv_buffer``. A call SGLang's method rejects raises its own
+    error (binding here fails quietly); a translation that cannot be computed leaves the call as
+    the release makes it, with one warning."""
+    try:
+        backend, q, k, v, layer, forward_batch, extra = (
+            _arguments(*args, **kwargs) if instance is None else _arguments(instance, *args, **kwargs)
+        )
+    except TypeError:
+        return wrapped(*args, **kwargs)  # SGLang's method raises its own error
+    try:
+        locations = upstream_locations(backend, layer, forward_batch.out_cache_loc)
+    except Exception as error:  # a pool without 0.5.10's calls, a layer it does not map
+        logs.repair_skipped(HOTFIX.target, HOTFIX.name, error)
+        return wrapped(*args, **kwargs)
+    if locations is None:
+        return wrapped(*args, **kwargs)
+    arguments = dict(extra, q=q, k=k, v=v, layer=layer, forward_batch=_translated_batch(forward_batch, locations))
+    return wrapped(**arguments) if instance is not None else wrapped(backend, **arguments)
+
+
+# --------------------------------------------------------------------------
+# Recognising the code
+
+AFFECTED_METHOD = frozenset(("ast1:87f5ec275018621e",))  # 0.5.6.post1 to 0.5.9, unchanged
+AFFECTED_INIT = frozenset(("ast1:9c711ebfbb08b987",))  # 0.5.9's: the one release with SWA pools and this write
+AFFECTED_CALLERS = frozenset(pair for pair, releases in pr28144.AFFECTED.items() if releases == "0.5.9")
+
+
+def _knows_swa_pools(cls):
+    """The class mentions a sliding-window pool anywhere (0.5.9 on; 0.5.6.post1 to 0.5.8.post1 never do)."""
+    return any(isinstance(node, ast.Attribute) and node.attr in POOL_ATTRIBUTES for node in ast.walk(cls))
+
+
+def _translates(function):
+    """The fused write takes its locations from ``self._get_layer_cache_loc(layer, ...)``."""
+    return any(
+        isinstance(node, ast.Assign)
+        and ast.unparse(node.targets[0]) == "cache_loc"
+        and isinstance(node.value, ast.Call)
+        and ast.unparse(node.value.func) == "self.%s" % TRANSLATOR
+        and node.value.args[:1]
+        and ast.unparse(node.value.args[0]) == "layer"
+        for node in ast.walk(function)
+    )
+
+
+def classify(tree):
+    """Classify the source of ``trtllm_mha_backend`` (an ``ast.Module``)."""
+    cls, class_problem = detect.live_class(tree, CLASS_NAME)
+    if cls is None:
+        return Classification(Verdict.UNKNOWN, class_problem, of_node(tree))
+    live = detect.live_methods(tree, cls, (METHOD, LATER_METHOD, TRANSLATOR, "__init__") + CALLERS)
+    for name in (METHOD, LATER_METHOD, TRANSLATOR):
+        if live[name][1]:
+            return Classification(Verdict.UNKNOWN, live[name][1], of_node(cls))
+    write = live[METHOD][0] or live[LATER_METHOD][0]
+    if write is None:
+        return Classification(
+            Verdict.NOT_APPLICABLE, "this backend has no fused FP8 KV write (added in SGLang 0.5.6.post1)", of_node(cls)
+        )
+    fingerprint = of_node(write)
+
+    def verdict(value, reason):
+        return Classification(value, reason, fingerprint, detect.first_line_of(write))
+
+    if live[TRANSLATOR][0] is not None and _translates(write):
+        return verdict(
+            Verdict.FIXED,
+            "the fused FP8 KV write takes its locations from %s (SGLang 0.5.10, PR #19107)" % TRANSLATOR,
+        )
+    if live[METHOD][0] is None or fingerprint not in AFFECTED_METHOD:
+        return verdict(Verdict.UNKNOWN, "%s is not the code of a release this hotfix knows" % write.name)
+    if not _knows_swa_pools(cls):
+        return verdict(
+            Verdict.NOT_APPLICABLE,
+            "this backend has no sliding-window KV pool (added to trtllm_mha in SGLang 0.5.9, PR #18970)",
+        )
+    init, problem = live["__init__"]
+    callers = tuple(live[name][0] for name in CALLERS)
+    if problem or init is None or of_node(init) not in AFFECTED_INIT:
+        return verdict(Verdict.UNKNOWN, problem or "__init__ is not SGLang 0.5.9's (the one release with this bug)")
+    if None in callers or tuple(of_node(c) for c in callers) not in AFFECTED_CALLERS:
+        return verdict(Verdict.UNKNOWN, "forward_decode / forward_extend are not SGLang 0.5.9's")
+    return verdict(
+        Verdict.AFFECTED,
+        "the fused FP8 KV write writes a sliding-window layer's K/V at full-pool indices (forward_batch."
+        "out_cache_loc) into the sliding-window pool",
+    )
+
+
+HOTFIX = Hotfix(
+    name="pr19107",
+    upstream=UPSTREAM,
+    summary="TRT-LLM MHA's fused FP8 KV write translates a sliding-window layer's locations into the "
+    "sliding-window pool's",
+    effect="the fused FP8 KV write of sliding-window layers now writes at the sliding-window pool's indices",
+    distribution="sglang",
+    target="sglang.srt.layers.attention.trtllm_mha_backend.%s.%s" % (CLASS_NAME, METHOD),
+    classify=classify,
+    wrapper=translate_write_locations,
+    known_fingerprints=ReleaseTable(os.path.join(os.path.dirname(os.path.abspath(__file__)), "pr19107_releases.json")),
+)

@@ -1,0 +1,186 @@
+"""The sixth record, pr19107: the fused FP8 KV write of a sliding-window layer writes at the
+sliding-window pool's indices (PR #19107, SGLang 0.5.10), for the one release with the bug, 0.5.9.
+
+TRT-LLM-GEN runs on SM100 only, and SGLang's fused write is a Triton kernel: the proof is on CPU.
+Verdicts: every release of the shipped table from its own source, hand-made variants refused.
+Differential: 0.5.9's own module (``fp8_cases``: compiled from the release's file, FlashInfer's
+kernels and SGLang's fused write recorded) on SGLang's real ``SWAKVPool`` (a sliding-window and a
+full-attention layer, the pool's own full-to-SWA mapping), against the oracle: the same release
+with 0.5.10's ``_get_layer_cache_loc`` and statement inserted by AST. What the fused write and the
+kernels receive is compared in dtype, shape, strides, storage offset and values, for the helper
+called directly (by keyword, positionally, through the class) and inside ``forward_decode`` and
+``forward_extend``; and with pr25103 on ``__init__`` (both records of 0.5.9's SWA code).
+"""
+
+import ast
+import types
+
+import pytest
+import torch
+from packaging.version import Version
+
+import fp8_cases
+import release_selection
+import swa_write_cases
+from sglang_hotfix_trtllm import detect, patch
+from sglang_hotfix_trtllm.record import Verdict
+from sglang_hotfix_trtllm.records import pr19107
+
+HOTFIX = pr19107.HOTFIX
+TABLE = release_selection.table(HOTFIX)
+RELEASE, SWA_LAYER, FULL_LAYER = swa_write_cases.RELEASE, swa_write_cases.SWA_LAYER, swa_write_cases.FULL_LAYER
+
+
+def expected_verdict(release):
+    version = Version(release)
+    if version < Version("0.5.9"):
+        return Verdict.NOT_APPLICABLE  # no fused FP8 write (before 0.5.6.post1), or no SWA pools (before 0.5.9)
+    return Verdict.AFFECTED if version < Version("0.5.10") else Verdict.FIXED
+
+
+def test_shipped_table_gives_every_release_its_verdict():
+    assert HOTFIX.known_fingerprints.problem is None
+    assert len([r for r in TABLE if Version(r) <= Version("0.5.23")]) == 42
+    assert {r: row["verdict"] for r, row in TABLE.items() if row["verdict"] != expected_verdict(r).value} == {}
+    assert [r for r, row in TABLE.items() if row["verdict"] == "affected"] == [RELEASE]
+
+
+@pytest.mark.parametrize(
+    "release",
+    release_selection.selected(TABLE, ("0.5.6", "0.5.6.post1", "0.5.8.post1", "0.5.9", "0.5.10", "0.5.16", "0.5.23")),
+)
+def test_release_gets_its_verdict_from_its_own_source(release):
+    assessment = detect.assess_source(HOTFIX, str(release_selection.release_dir(release) / fp8_cases.BACKEND))
+    assert assessment.verdict is expected_verdict(release), assessment.reason
+    assert assessment.fingerprint == TABLE[release]["fingerprint"]
+
+
+def _method(tree, name):
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == pr19107.CLASS_NAME)
+    return next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+def _variant(edit):
+    tree = ast.parse((release_selection.release_dir(RELEASE) / fp8_cases.BACKEND).read_text())
+    edit(tree)
+    return ast.unparse(tree)
+
+
+def _translate_the_wrong_way(tree):
+    """0.5.10's statement without its helper: the fix half-applied."""
+    write = _method(tree, pr19107.METHOD)
+    for node in ast.walk(write):
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "cache_loc":
+            node.value = ast.parse("self._get_layer_cache_loc(layer, forward_batch.out_cache_loc)").body[0].value
+
+
+VARIANTS = {
+    "0.5.9 with the statement but no helper": _translate_the_wrong_way,
+    "0.5.9 with one more statement in the write": lambda t: _method(t, pr19107.METHOD).body.insert(
+        0, ast.parse("forward_batch = forward_batch").body[0]
+    ),
+    "0.5.9 with another __init__": lambda t: _method(t, "__init__").body.append(ast.parse("self.x = 1").body[0]),
+    "0.5.9 with another forward_decode": lambda t: _method(t, "forward_decode").body.insert(
+        0, ast.parse("layer = layer").body[0]
+    ),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_hand_made_variants_are_unknown(variant):
+    classification = HOTFIX.classify(ast.parse(_variant(VARIANTS[variant])))
+    assert classification.verdict is Verdict.UNKNOWN, classification.reason
+
+
+# --------------------------------------------------------------------------
+# Differential on SGLang's real SWAKVPool
+
+
+def test_the_oracle_tells_the_bug_from_the_fix():
+    module, oracle = swa_write_cases.modules(release_selection.release_dir(RELEASE))
+    got, want = swa_write_cases.helper_calls(module, True), swa_write_cases.helper_calls(oracle, True)
+    differing = sorted(n for n in got if got[n] != want[n])
+    assert differing == sorted(n for n in got if n.startswith("layer%d" % SWA_LAYER)) and differing
+    assert swa_write_cases.helper_calls(module, False) == swa_write_cases.helper_calls(
+        oracle, False
+    )  # no SWA pool: nothing to translate
+
+
+@pytest.mark.parametrize("swa", [True, False], ids=["swa-pool", "no-swa-pool"])
+def test_the_patched_fused_write_equals_upstreams(swa):
+    module, oracle = swa_write_cases.modules(release_selection.release_dir(RELEASE))
+    want = swa_write_cases.helper_calls(oracle, swa)
+    try:
+        assert patch.wrap(HOTFIX, module, detect.assess_module(HOTFIX, module)) == "wrapped"
+        got = swa_write_cases.helper_calls(module, swa)
+    finally:
+        patch.remove_all()
+    assert {n: got[n] == want[n] for n in want} == {n: True for n in want}
+
+
+def test_the_patched_methods_equal_upstreams_on_the_sliding_window_pool():
+    module, oracle = swa_write_cases.modules(release_selection.release_dir(RELEASE))
+    want = swa_write_cases.method_calls(oracle)
+    try:
+        patch.wrap(HOTFIX, module, detect.assess_module(HOTFIX, module))
+        got = swa_write_cases.method_calls(module)
+    finally:
+        patch.remove_all()
+    assert want and [n for n in want if got[n] != want[n]] == []
+    assert any(
+        got[n] != swa_write_cases.method_calls(fp8_cases.load_backend_module(release_selection.release_dir(RELEASE)))[n]
+        for n in got
+        if "layer%d" % SWA_LAYER in n
+    )
+
+
+def test_a_full_attention_layer_gets_sglangs_own_batch():
+    """Where upstream translates nothing, the fused write reads SGLang's own forward batch."""
+    module, _ = swa_write_cases.modules(release_selection.release_dir(RELEASE))
+    seen = []
+    original = module.fused_fp8_set_kv_buffer
+    module.fused_fp8_set_kv_buffer = lambda **kwargs: seen.append(kwargs["cache_loc"]) or original(**kwargs)
+    pool = swa_write_cases.swa_pool()
+    backend = object.__new__(module.TRTLLMHAAttnBackend)
+    backend.page_size, backend.use_sliding_window_kv_pool, backend._swa_kv_pool = fp8_cases.PAGE_SIZE, True, pool
+    batch = types.SimpleNamespace(out_cache_loc=torch.tensor([5, 9]), token_to_kv_pool=pool)
+    k = torch.zeros(2, 1, fp8_cases.HEAD_DIM, dtype=torch.bfloat16)
+    try:
+        patch.wrap(HOTFIX, module, detect.assess_module(HOTFIX, module))
+        backend._fused_fp8_set_kv_buffer(
+            q=k, k=k, v=k, layer=swa_write_cases.layer_of(FULL_LAYER, "absent"), forward_batch=batch
+        )
+        backend._fused_fp8_set_kv_buffer(
+            q=k, k=k, v=k, layer=swa_write_cases.layer_of(SWA_LAYER, "absent"), forward_batch=batch
+        )
+    finally:
+        patch.remove_all()
+    assert seen[0] is batch.out_cache_loc
+    assert (
+        seen[1].dtype == torch.int32
+        and seen[1].tolist() == pool.translate_loc_from_full_to_swa(batch.out_cache_loc).tolist()
+    )
+
+
+def test_a_pool_without_upstreams_calls_leaves_the_call_as_the_release_makes_it(caplog):
+    """A pool that cannot translate (a test double, another pool class): one warning, the release's call."""
+    module, _ = swa_write_cases.modules(release_selection.release_dir(RELEASE))
+    backend = object.__new__(module.TRTLLMHAAttnBackend)
+    backend.page_size, backend.use_sliding_window_kv_pool = fp8_cases.PAGE_SIZE, True
+    backend._swa_kv_pool = types.SimpleNamespace(layers_mapping={})  # no mapping for the layer
+    pool = swa_write_cases.swa_pool()
+    batch = types.SimpleNamespace(out_cache_loc=torch.tensor([5, 9]), token_to_kv_pool=pool)
+    k = torch.zeros(2, 1, fp8_cases.HEAD_DIM, dtype=torch.bfloat16)
+    layer = swa_write_cases.layer_of(SWA_LAYER, "absent")
+    unpatched = swa_write_cases.record(
+        module, lambda: backend._fused_fp8_set_kv_buffer(q=k, k=k, v=k, layer=layer, forward_batch=batch)
+    )
+    try:
+        patch.wrap(HOTFIX, module, detect.assess_module(HOTFIX, module))
+        got = swa_write_cases.record(
+            module, lambda: backend._fused_fp8_set_kv_buffer(q=k, k=k, v=k, layer=layer, forward_batch=batch)
+        )
+    finally:
+        patch.remove_all()
+    assert got == unpatched
+    assert "not repairing a call of" in caplog.text and "record pr19107" in caplog.text
