@@ -78,7 +78,7 @@ class Applied:
 
 class Joined:
     """The records whose parts share one wrapper: one record alone, or the records of one
-    ``Hotfix.site`` on one method (pr28144 and pr31667 on ``forward_decode``). Calling it answers
+    ``Hotfix.site`` on one method (pr28144, pr31667 and pr17732 on ``forward_decode``). Calling it answers
     wrapt's ``enabled`` question (any record on); ``active`` holds the names of the records on,
     in catalog order: a site's wrapper applies their repairs in that order (upstream's order of
     statements, decided once, as livepatch's cumulative patches and pluggy's ordered hook list do)."""

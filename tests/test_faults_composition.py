@@ -4,7 +4,9 @@ callers, and never raises where SGLang's method would not.
 Every record, on SGLang 0.5.12's own code (its class compiled from the
 release's file, in this process: ``isolated_release`` for pr26521,
 ``swa_cases`` with SGLang's real pools for pr25103, ``fp8_cases`` with
-FlashInfer's kernels recorded for pr28144), under every kind of
+FlashInfer's kernels recorded for pr28144 and pr31667; for the Blackwell records, which have no
+bug in 0.5.12, their own releases: 0.5.8.post1 for pr17732, 0.5.9 with SGLang's real SWAKVPool for
+pr19107), under every kind of
 patcher an SGLang host meets on the same method: SGLang's real
 ``HookRegistry`` (each ``HookType`` the installed release has), a wrapt
 ``FunctionWrapper``, a ``functools.wraps`` decorator and a plain reassignment;
@@ -28,8 +30,9 @@ import fp8_cases
 import isolated_release
 import release_selection
 import swa_cases
+import swa_write_cases
 from sglang_hotfix_trtllm import engine, logs, patch
-from sglang_hotfix_trtllm.records import pr25103, pr26521, pr28144, pr31667
+from sglang_hotfix_trtllm.records import pr17732, pr19107, pr25103, pr26521, pr28144, pr31667
 from upstream_fix import upstream_fixed_method
 
 RELEASE = "0.5.12"
@@ -165,6 +168,7 @@ class FlashInferScales:
     the other patcher: its repair does not depend on what happens to ``forward_decode``."""
 
     hotfix = pr28144.HOTFIX
+    release = RELEASE
     oracle_changes = {}  # fp8_cases.upstream_module's default: pr28144's change
 
     @staticmethod
@@ -172,11 +176,11 @@ class FlashInferScales:
         return case.mode == "decode" and case.scales == "float" and not case.save_kv_cache
 
     def __init__(self):
-        release_dir = release_selection.release_dir(RELEASE)
+        release_dir = release_selection.release_dir(self.release)
         self.module = fp8_cases.load_backend_module(release_dir)
         self.cls = self.module.TRTLLMHAAttnBackend
         self.original = self.cls.__dict__[self.hotfix.method_name]
-        self.cases = [case for case in fp8_cases.cases(RELEASE).values() if self.chosen(case)]
+        self.cases = [case for case in fp8_cases.cases(self.release).values() if self.chosen(case)]
         oracle = fp8_cases.upstream_module(
             release_dir, release_selection.release_dir(fp8_cases.FIXED_RELEASE), **self.oracle_changes
         )
@@ -219,7 +223,56 @@ class PackedQuery(FlashInferScales):
         )
 
 
-RECORDS = {"pr26521": Capture, "pr25103": SlidingWindowPool, "pr28144": FlashInferScales, "pr31667": PackedQuery}
+class CanonicalStrides(FlashInferScales):
+    """pr17732 on 0.5.8.post1's ``forward_decode`` (it has no bug in 0.5.12): what FlashInfer's
+    kernel receives against the same method with PR #17732 applied from 0.5.9's file, on decode
+    cases without scales (pr28144, affected there too, is not applied: this record alone on the
+    shared method), one KV head: every case differs."""
+
+    hotfix = pr17732.HOTFIX
+    release = "0.5.8.post1"
+
+    @property
+    def oracle_changes(self):
+        return dict(scales=False, canonical_strides_dir=release_selection.release_dir("0.5.9"))
+
+    @staticmethod
+    def chosen(case):
+        return case.mode == "decode" and case.scales == "absent" and not case.save_kv_cache
+
+
+class SlidingWindowWrite:
+    """pr19107 on 0.5.9's ``_fused_fp8_set_kv_buffer`` (it has no bug in 0.5.12): what SGLang's fused
+    FP8 write receives on SGLang's real SWAKVPool (``swa_write_cases``), against 0.5.9 with PR #19107
+    applied from 0.5.10's file."""
+
+    hotfix = pr19107.HOTFIX
+
+    def __init__(self):
+        release_dir = release_selection.release_dir(swa_write_cases.RELEASE)
+        self.module, oracle = swa_write_cases.modules(release_dir)
+        self.cls = self.module.TRTLLMHAAttnBackend
+        self.original = self.cls.__dict__[self.hotfix.method_name]
+        self.expected = {
+            "as-alone": swa_write_cases.helper_calls(oracle, True),
+            "unpatched": swa_write_cases.helper_calls(self.module, True),
+        }
+        assert self.expected["as-alone"] != self.expected["unpatched"]
+
+    def outcome(self):
+        now = swa_write_cases.helper_calls(self.module, True)
+        found = [name for name, calls in self.expected.items() if calls == now]
+        return found[0] if found else "other"
+
+
+RECORDS = {
+    "pr26521": Capture,
+    "pr25103": SlidingWindowPool,
+    "pr28144": FlashInferScales,
+    "pr31667": PackedQuery,
+    "pr17732": CanonicalStrides,
+    "pr19107": SlidingWindowWrite,
+}
 
 
 @pytest.fixture(params=list(RECORDS))

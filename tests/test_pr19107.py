@@ -184,3 +184,29 @@ def test_a_pool_without_upstreams_calls_leaves_the_call_as_the_release_makes_it(
         patch.remove_all()
     assert got == unpatched
     assert "not repairing a call of" in caplog.text and "record pr19107" in caplog.text
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["catalog-order", "reversed-apply-order"])
+def test_with_pr28144_on_the_methods_that_call_it_both_equal_upstreams_changes(reverse):
+    """0.5.9 has pr28144's bug too: its wrapper of forward_decode / forward_extend calls into the
+    fused write this record wraps. Both on, in either order, against 0.5.9 with both upstream
+    changes inserted (#28144 as #29423 revised it from 0.5.15's file, #19107 from 0.5.10's)."""
+    from sglang_hotfix_trtllm.records import pr28144
+
+    release_dir = release_selection.release_dir(RELEASE)
+    oracle = fp8_cases.upstream_module(
+        release_dir,
+        release_selection.release_dir(fp8_cases.FIXED_RELEASE),
+        scales=True,
+        swa_locations_dir=release_selection.release_dir(swa_write_cases.TRANSLATED_RELEASE),
+    )
+    want = swa_write_cases.method_calls(oracle)
+    module = fp8_cases.load_backend_module(release_dir)
+    order = [pr28144.HOTFIX, HOTFIX][:: -1 if reverse else 1]
+    try:
+        for hotfix in order:
+            assert patch.wrap(hotfix, module, detect.assess_module(hotfix, module)) == "wrapped"
+        got = swa_write_cases.method_calls(module)
+    finally:
+        assert patch.remove_all() == 3
+    assert want and [n for n in want if got[n] != want[n]] == []

@@ -1,6 +1,7 @@
 """FlashInfer's TRT-LLM kernel call in ``TRTLLMHAAttnBackend.forward_decode`` / ``forward_extend``:
 one call site that several records repair together (pr28144: the BMM scales; pr31667: the
-query's layout on XQA). Standard library only at import.
+query's layout on XQA; pr17732: the K/V cache views' strides with one KV head). Standard library
+only at import.
 
 One wrapper per method and one gate, owned here; records contribute a *repair* each
 (``register``): ``needs(backend, layer, q, wrapped)``, a cheap test that may say True where
@@ -8,7 +9,7 @@ nothing differs and never False where upstream's arguments differ, and ``repair(
 which returns the kernel's keyword arguments as upstream's change passes them, SGLang's own
 objects wherever it leaves them. ``patch`` joins the records of this site on a method they
 share (``Hotfix.site``): the wrapper learns which are on from ``joined.active``, in catalog order
-(upstream's statement order: pr28144's scales, then pr31667's query), so records compose as
+(pr28144's scales, then pr31667's query, then pr17732's K/V views: each its own argument), so records compose as
 upstream's changes do, each with its own verdict, switch, line, status block and metric.
 
 A call for which no record on says ``needs`` runs SGLang's method alone. Otherwise the call is

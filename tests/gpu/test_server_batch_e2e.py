@@ -6,7 +6,7 @@ request decoded alone (batch 1) is right; decoded beside others, it is not.
 
 The symptom, as a user sees it: eight greedy prompts sent one at a time, then all eight at once,
 three rounds; count the prompts whose concurrent output equals their sequential output in the same
-round (REFERENCE.md, before the record: 2, 1 and 1 of 8 on trtllm_mha decode, 7, 8 and 8 on triton,
+round (as reported in the record's issue, before the record: 2, 1 and 1 of 8 on trtllm_mha decode, 7, 8 and 8 on triton,
 8, 8 and 8 with the kernel's query made contiguous).
 
 Skipped as ``test_server_e2e.py`` is (a CUDA device, SGLANG_E2E_SITE and SGLANG_E2E_PLUGIN_WHEEL),
@@ -23,7 +23,7 @@ One server per case (parametrised; choose with ``-k`` or BATCH_E2E_CASES=a,b):
 * ``trtllm_off``: ``SGLANG_HOTFIX_TRTLLM_DISABLE=pr31667`` (the other records on): fewer than 8 in
   at least one round (the bug), no pr31667 line; its sequential outputs equal ``trtllm_on``'s when
   both ran in one session (a batch of one is read right either way);
-* ``triton_control``: ``--decode-attention-backend triton``, plugin on: informational (REFERENCE.md
+* ``triton_control``: ``--decode-attention-backend triton``, plugin on: informational (the issue
   saw 7 of 8 once: GEMMs of other batch sizes round differently, and a random model's greedy
   choice has near ties), only served and counted;
 * ``eagle3_on`` / ``eagle3_off``: test_server_e2e's EAGLE3 draft flags, the draft's decode on
