@@ -98,8 +98,9 @@ def upstream_kv_cache(call, kwargs):
     repaired = []
     for view, heads in zip(kv_cache, (layer.tp_k_head_num, layer.tp_v_head_num)):
         if view.dim() != 4 or view.shape[1] != heads:  # not the permuted view the method built
-            raise ValueError("the kernel's cache view is %s, not [pages, %d, page_size, head_dim]" % (
-                tuple(view.shape), heads))
+            raise ValueError(
+                "the kernel's cache view is %s, not [pages, %d, page_size, head_dim]" % (tuple(view.shape), heads)
+            )
         repaired.append(canonical_strides(view) if heads == 1 else view)
     if repaired[0] is kv_cache[0] and repaired[1] is kv_cache[1]:
         return kwargs
@@ -117,8 +118,7 @@ site.register("pr17732", needs_repair, upstream_kv_cache)
 AFFECTED = {
     pair: releases
     for pair, releases in pr28144.AFFECTED.items()
-    if releases
-    in ("0.5.1 to 0.5.4.post1", "0.5.4.post2 to 0.5.5.post3", "0.5.6", "0.5.6.post1 to 0.5.8.post1")
+    if releases in ("0.5.1 to 0.5.4.post1", "0.5.4.post2 to 0.5.5.post3", "0.5.6", "0.5.6.post1 to 0.5.8.post1")
 }
 HELPERS = pr28144.HELPERS  # the class's methods those two call before the kernel, by fingerprint
 
@@ -195,8 +195,7 @@ def classify(tree):
         )
     return verdict(
         Verdict.UNKNOWN,
-        "forward_decode / forward_extend are not the code of a release this hotfix knows (fingerprints %s / %s)"
-        % pair,
+        "forward_decode / forward_extend are not the code of a release this hotfix knows (fingerprints %s / %s)" % pair,
     )
 
 
