@@ -44,7 +44,6 @@ upstream's two statements and the module imports ``canonicalize_stride``; ``unkn
 import ast
 import os
 
-from .. import detect
 from . import pr28144
 from . import trtllm_kernel_routes as routes
 from . import trtllm_kernel_site as site
@@ -150,17 +149,11 @@ def _imports_upstream_function(tree):
 
 def classify(tree):
     """Classify the source of ``trtllm_mha_backend`` (an ``ast.Module``)."""
-    cls, class_problem = detect.live_class(tree, CLASS_NAME)
-    if cls is None:
-        return Classification(Verdict.UNKNOWN, class_problem, of_node(tree))
-    live = detect.live_methods(tree, cls, METHODS + (RESHAPE_HELPER,) + tuple(HELPERS))
-    for name in METHODS:
-        function, problem = live[name]
-        if function is None:
-            return Classification(Verdict.UNKNOWN, problem or "%s.%s not found" % (CLASS_NAME, name), of_node(cls))
-    methods = [live[name][0] for name in METHODS]
-    fingerprint = of_node(ast.Module(body=list(methods), type_ignores=[]))
-    first_lines = {name: detect.first_line_of(live[name][0]) for name in METHODS}
+    refusal, cls, live, methods, fingerprint, first_lines = pr28144.kernel_callers(
+        tree, (RESHAPE_HELPER,) + tuple(HELPERS)
+    )
+    if refusal:
+        return refusal
 
     def verdict(value, reason):
         return Classification(value, reason, fingerprint, first_lines)

@@ -189,7 +189,7 @@ make_gate = site.make_gate
 # Recognising the code
 
 # (forward_decode, forward_extend) fingerprints of the affected releases. Every pinned FlashInfer
-# (0.2.11.post3 to 0.6.11.post1) takes the Python float scales 0.5.15 passes.
+# (0.2.11.post3 to 0.6.12, pinned by 0.5.13.x and by 0.5.15 itself) takes the Python float scales 0.5.15 passes.
 AFFECTED = {
     ("ast1:f983dd819b9de1a0", "ast1:7d36278b2fb2e186"): "0.5.1 to 0.5.4.post1",
     ("ast1:f05b9eff1d1c2b21", "ast1:9e5cb0ada11f2286"): "0.5.4.post2 to 0.5.5.post3",
@@ -215,23 +215,31 @@ BMM_SCALES_FINGERPRINTS = frozenset(("ast1:1adea0f046f5ab58",))
 UPSTREAM_STATEMENT = "bmm1_scale, bmm2_scale = self._get_bmm_scales(layer, q_scale)"
 
 
-def _pair_fingerprint(methods):
-    return of_node(ast.Module(body=list(methods), type_ignores=[]))
+def kernel_callers(tree, other_names):
+    """What records that pin ``forward_decode`` and ``forward_extend`` as a pair (this one, pr17732)
+    read first: ``(refusal, cls, live, methods, fingerprint, first_lines)``, where ``refusal`` is an
+    ``unknown`` Classification when the live class or one of the two is missing (the rest is then
+    None), ``live`` the live definitions of the two and of ``other_names``, ``fingerprint`` the
+    pair's, ``first_lines`` the two methods' first lines."""
+    cls, class_problem = detect.live_class(tree, CLASS_NAME)
+    if cls is None:
+        return Classification(Verdict.UNKNOWN, class_problem, of_node(tree)), None, None, None, None, None
+    live = detect.live_methods(tree, cls, METHODS + tuple(other_names))
+    for name in METHODS:
+        function, problem = live[name]
+        if function is None:
+            refusal = Classification(Verdict.UNKNOWN, problem or "%s.%s not found" % (CLASS_NAME, name), of_node(cls))
+            return refusal, None, None, None, None, None
+    methods = [live[name][0] for name in METHODS]
+    fingerprint = of_node(ast.Module(body=list(methods), type_ignores=[]))
+    return None, cls, live, methods, fingerprint, {name: detect.first_line_of(live[name][0]) for name in METHODS}
 
 
 def classify(tree):
     """Classify the source of ``trtllm_mha_backend`` (an ``ast.Module``)."""
-    cls, class_problem = detect.live_class(tree, CLASS_NAME)
-    if cls is None:
-        return Classification(Verdict.UNKNOWN, class_problem, of_node(tree))
-    live = detect.live_methods(tree, cls, METHODS + (BMM_SCALES,) + tuple(HELPERS))
-    for name in METHODS:
-        function, problem = live[name]
-        if function is None:
-            return Classification(Verdict.UNKNOWN, problem or "%s.%s not found" % (CLASS_NAME, name), of_node(cls))
-    methods = [live[name][0] for name in METHODS]
-    fingerprint = _pair_fingerprint(methods)
-    first_lines = {name: detect.first_line_of(live[name][0]) for name in METHODS}
+    refusal, cls, live, methods, fingerprint, first_lines = kernel_callers(tree, (BMM_SCALES,) + tuple(HELPERS))
+    if refusal:
+        return refusal
 
     def verdict(value, reason):
         return Classification(value, reason, fingerprint, first_lines)
