@@ -84,7 +84,36 @@ def _one_head_guard_on_q(tree):
             node.test.left.attr = "tp_q_head_num"
 
 
+def _upstream_ifs(release="0.5.9"):
+    tree = ast.parse((release_selection.release_dir(release) / fp8_cases.BACKEND).read_text())
+    return [s for s in _method(tree, "forward_decode").body if ast.unparse(s) in pr17732.UPSTREAM_STATEMENTS.values()]
+
+
+def _import_upstream(tree):
+    tree.body.insert(0, ast.parse("from sglang.srt.layers.attention.utils import canonicalize_stride").body[0])
+
+
+def _statements_after_the_kernel_call(tree):
+    """0.5.8.post1 with 0.5.9's import and statements, but after each method's last statement but one."""
+    _import_upstream(tree)
+    for name in pr17732.METHODS:
+        body = _method(tree, name).body
+        body[-1:-1] = _upstream_ifs()
+
+
+def _statements_under_if_false(tree):
+    _import_upstream(tree)
+    for name in pr17732.METHODS:
+        body = _method(tree, name).body
+        guard = ast.parse("if False:\n    pass").body[0]
+        guard.body = _upstream_ifs()
+        body.insert(0, guard)
+
+
 VARIANTS = {
+    # Upstream's statements where they run too late, or never (the review's cases: 0.7.0's first cut said fixed).
+    "0.5.8.post1 with 0.5.9's statements after the kernel call": ("0.5.8.post1", _statements_after_the_kernel_call),
+    "0.5.8.post1 with 0.5.9's statements under if False": ("0.5.8.post1", _statements_under_if_false),
     # 0.5.9 with one of upstream's statements gone: neither the affected code nor the fix.
     "0.5.9 without v's statement in forward_extend": ("0.5.9", lambda t: _drop_canonicalize(t, "forward_extend", "v")),
     "0.5.9 guarding k by the query heads": ("0.5.9", _one_head_guard_on_q),
@@ -253,3 +282,27 @@ def test_layers_with_more_kv_heads_run_sglangs_method_alone(release, monkeypatch
             assert module.flashinfer is own, name
     finally:
         patch.remove_all()
+
+
+@pytest.mark.parametrize("heads", [(1, 2), (2, 1)], ids=["one-k-head", "one-v-head"])
+@pytest.mark.parametrize("release", RELEASES[:1] + RELEASES[-1:])
+def test_k_and_v_are_judged_each_by_its_own_head_count(release, heads, monkeypatch):
+    """Upstream asks ``tp_k_head_num`` for K and ``tp_v_head_num`` for V: with one side of one head,
+    only that side's view changes, and the other is SGLang's own object."""
+    monkeypatch.setattr(fp8_cases, "KV_HEADS", heads[0])
+    monkeypatch.setattr(fp8_cases, "V_HEADS", heads[1])
+    scales = ("absent", "float")
+    on, off = _fresh_oracle(release, ("pr17732",), scales), _fresh_oracle(release, (), scales)
+    assert [n for n in on if on[n] == off[n]] == []
+    module = fp8_cases.load_backend_module(release_selection.release_dir(release))
+    try:
+        patch.wrap(HOTFIX, module, detect.assess_module(HOTFIX, module))
+        wrong = [n for n, c in _cases(release, scales).items() if fp8_cases.kernel_calls(module, c) != on[n]]
+    finally:
+        patch.remove_all()
+    assert wrong == []
+
+
+def _fresh_oracle(release, on, scales):
+    """``_oracle_calls`` without its cache (the head counts differ from the cached runs')."""
+    return _oracle_calls.__wrapped__(release, on, scales)

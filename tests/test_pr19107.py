@@ -74,7 +74,30 @@ def _translate_the_wrong_way(tree):
             node.value = ast.parse("self._get_layer_cache_loc(layer, forward_batch.out_cache_loc)").body[0].value
 
 
+def _translate_through_a_helper_that_does_not(tree):
+    """0.5.10's statement with a helper that returns the locations as they are (said fixed by 0.7.0's first cut)."""
+    _translate_the_wrong_way(tree)
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == pr19107.CLASS_NAME)
+    cls.body.append(ast.parse("def _get_layer_cache_loc(self, layer, cache_loc):\n    return cache_loc").body[0])
+
+
+def _rename(old, new):
+    def edit(tree):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == old:
+                node.attr = new
+            elif isinstance(node, ast.FunctionDef) and node.name == old:
+                node.name = new
+
+    return edit
+
+
 VARIANTS = {
+    "0.5.9 with a helper that does not translate": _translate_through_a_helper_that_does_not,
+    "0.5.9 with the pool attributes renamed": lambda t: [
+        _rename(a, a + "_x")(t) for a in ("use_sliding_window_kv_pool", "_swa_kv_pool")
+    ],
+    "0.5.9 with the fused write renamed": _rename(pr19107.METHOD, "_fused_fp8_write"),
     "0.5.9 with the statement but no helper": _translate_the_wrong_way,
     "0.5.9 with one more statement in the write": lambda t: _method(t, pr19107.METHOD).body.insert(
         0, ast.parse("forward_batch = forward_batch").body[0]

@@ -123,8 +123,23 @@ HELPERS = pr28144.HELPERS  # the class's methods those two call before the kerne
 
 
 def _holds_upstreams_statements(function):
-    statements = {ast.unparse(node) for node in ast.walk(function) if isinstance(node, ast.If)}
-    return all(UPSTREAM_STATEMENTS[side] in statements for side in "kv")
+    """Upstream's two statements, k's then v's, next to each other in the function's own body (not
+    under another statement) and before it returns or calls a kernel: where 0.5.9's methods and
+    0.5.16's helper have them. Anywhere else they may not run, or run too late."""
+    texts = [ast.unparse(statement) for statement in function.body]
+    pair = [UPSTREAM_STATEMENTS["k"], UPSTREAM_STATEMENTS["v"]]
+    starts = [i for i in range(len(texts) - 1) if texts[i : i + 2] == pair]
+    if len(starts) != 1:
+        return False
+    ends = [
+        i
+        for i, statement in enumerate(function.body)
+        if any(
+            isinstance(node, ast.Return) or (isinstance(node, ast.Attribute) and node.attr in site.KERNELS.values())
+            for node in ast.walk(statement)
+        )
+    ]
+    return not ends or starts[0] < ends[0]
 
 
 def _calls_self(function, name):

@@ -121,21 +121,51 @@ AFFECTED_INIT = frozenset(("ast1:9c711ebfbb08b987",))  # 0.5.9's: the one releas
 AFFECTED_CALLERS = frozenset(pair for pair, releases in pr28144.AFFECTED.items() if releases == "0.5.9")
 
 
-def _knows_swa_pools(cls):
-    """The class mentions a sliding-window pool anywhere (0.5.9 on; 0.5.6.post1 to 0.5.8.post1 never do)."""
-    return any(isinstance(node, ast.Attribute) and node.attr in POOL_ATTRIBUTES for node in ast.walk(cls))
+def _mentions(tree, words):
+    """Any name, attribute or imported name of the module among ``words``."""
+    return any(
+        (isinstance(node, ast.Attribute) and node.attr in words)
+        or (isinstance(node, ast.Name) and node.id in words)
+        or (isinstance(node, ast.alias) and node.name.rpartition(".")[2] in words)
+        for node in ast.walk(tree)
+    )
+
+
+# Never in a backend without sliding-window pools (0.5.6.post1 to 0.5.8.post1), all in 0.5.9's.
+SWA_WORDS = frozenset(POOL_ATTRIBUTES + ("SWAKVPool", "SWATokenToKVPoolAllocator", "translate_loc_from_full_to_swa"))
+FUSED_WORDS = frozenset((METHOD, LATER_METHOD, "fused_fp8_set_kv_buffer", "_should_use_fused_fp8_path"))
+
+
+# Where a release's ``_get_layer_cache_loc`` takes a sliding-window layer's locations from: the pool's
+# translation (0.5.10 on), the batch's translated copy (0.5.11 on), the metadata's (0.5.18 on).
+SWA_LOCATIONS = frozenset(("translate_loc_from_full_to_swa", "out_cache_loc_swa", "swa_out_cache_loc"))
+
+
+def _translator_translates(function):
+    """0.5.10's ``_get_layer_cache_loc`` in substance: it asks the pool's layer mapping and takes a
+    sliding-window layer's locations from a translation (a helper that returns the locations as
+    they are is not it)."""
+    attributes = {node.attr for node in ast.walk(function) if isinstance(node, ast.Attribute)}
+    return "layers_mapping" in attributes and bool(attributes & SWA_LOCATIONS)
 
 
 def _translates(function):
-    """The fused write takes its locations from ``self._get_layer_cache_loc(layer, ...)``."""
-    return any(
-        isinstance(node, ast.Assign)
-        and ast.unparse(node.targets[0]) == "cache_loc"
-        and isinstance(node.value, ast.Call)
-        and ast.unparse(node.value.func) == "self.%s" % TRANSLATOR
-        and node.value.args[:1]
-        and ast.unparse(node.value.args[0]) == "layer"
+    """The fused write's first ``cache_loc`` is ``self._get_layer_cache_loc(layer, ...)``, a
+    statement of its own body (not under another), and no other statement sets ``cache_loc``."""
+    assigned = [
+        node
         for node in ast.walk(function)
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+        and "cache_loc" in {ast.unparse(t) for t in getattr(node, "targets", [getattr(node, "target", None)]) if t}
+    ]
+    if len(assigned) != 1 or assigned[0] not in function.body:
+        return False
+    value = assigned[0].value
+    return (
+        isinstance(value, ast.Call)
+        and ast.unparse(value.func) == "self.%s" % TRANSLATOR
+        and bool(value.args)
+        and ast.unparse(value.args[0]) == "layer"
     )
 
 
@@ -150,6 +180,8 @@ def classify(tree):
             return Classification(Verdict.UNKNOWN, live[name][1], of_node(cls))
     write = live[METHOD][0] or live[LATER_METHOD][0]
     if write is None:
+        if _mentions(tree, FUSED_WORDS):  # a fused write under another name, or only its parts
+            return Classification(Verdict.UNKNOWN, "the fused FP8 KV write is not where a release has it", of_node(cls))
         return Classification(
             Verdict.NOT_APPLICABLE, "this backend has no fused FP8 KV write (added in SGLang 0.5.6.post1)", of_node(cls)
         )
@@ -158,14 +190,15 @@ def classify(tree):
     def verdict(value, reason):
         return Classification(value, reason, fingerprint, detect.first_line_of(write))
 
-    if live[TRANSLATOR][0] is not None and _translates(write):
+    translator = live[TRANSLATOR][0]
+    if translator is not None and _translator_translates(translator) and _translates(write):
         return verdict(
             Verdict.FIXED,
             "the fused FP8 KV write takes its locations from %s (SGLang 0.5.10, PR #19107)" % TRANSLATOR,
         )
     if live[METHOD][0] is None or fingerprint not in AFFECTED_METHOD:
         return verdict(Verdict.UNKNOWN, "%s is not the code of a release this hotfix knows" % write.name)
-    if not _knows_swa_pools(cls):
+    if not _mentions(tree, SWA_WORDS):
         return verdict(
             Verdict.NOT_APPLICABLE,
             "this backend has no sliding-window KV pool (added to trtllm_mha in SGLang 0.5.9, PR #18970)",

@@ -617,6 +617,13 @@ def cases(release):
 # One case's objects
 
 Q_HEADS, KV_HEADS, HEAD_DIM, PAGE_SIZE, PAGES = 2, 1, 8, 4, 6  # one KV head: canonicalize_stride runs
+V_HEADS = None  # V's heads on the rank where they differ from K's (None: KV_HEADS)
+
+
+def v_heads():
+    return KV_HEADS if V_HEADS is None else V_HEADS
+
+
 MAX_CONTEXT_LEN = 64
 # Per mode: query tokens per request, and the KV length of each request after this step.
 LENGTHS = {"decode": ((1, 1), (6, 5)), "extend": ((3, 2), (7, 4)), "target_verify": ((3, 3), (8, 7))}
@@ -626,10 +633,9 @@ class KVPool:
     """``token_to_kv_pool``: real CPU buffers of the case's KV dtype; writes are recorded."""
 
     def __init__(self, log, dtype, generator):
-        shape = (PAGES * PAGE_SIZE, KV_HEADS, HEAD_DIM)
         self.log = log
-        self.k_buffer = torch.randn(shape, generator=generator).to(dtype)
-        self.v_buffer = torch.randn(shape, generator=generator).to(dtype)
+        self.k_buffer = torch.randn((PAGES * PAGE_SIZE, KV_HEADS, HEAD_DIM), generator=generator).to(dtype)
+        self.v_buffer = torch.randn((PAGES * PAGE_SIZE, v_heads(), HEAD_DIM), generator=generator).to(dtype)
 
     def get_kv_buffer(self, layer_id):
         assert layer_id == 0
@@ -647,7 +653,7 @@ def _layer(case):
     return types.SimpleNamespace(
         tp_q_head_num=Q_HEADS,
         tp_k_head_num=KV_HEADS,
-        tp_v_head_num=KV_HEADS,
+        tp_v_head_num=v_heads(),
         head_dim=HEAD_DIM,
         layer_id=0,
         scaling=HEAD_DIM**-0.5,
@@ -717,11 +723,14 @@ def _seed(case):
     return sum(ord(c) * (i + 1) for i, c in enumerate(case.name)) % (2**31)
 
 
-def plain(value):
-    """Comparable data: tensors as (dtype, shape, values), containers element-wise."""
+def plain(value, storages=None):
+    """Comparable data: tensors as (dtype, shape, strides, storage offset, values), containers
+    element-wise. With ``storages`` (storage pointer -> name: the pool's buffers, the call's
+    inputs), also whose memory a tensor is: a kernel must read the pool's own K/V, not a copy of
+    the same values, so a tensor of memory not named is "own" (made during the call)."""
     if isinstance(value, torch.Tensor):
         # As a kernel reads it: FlashInfer's XQA takes only data_ptr(), so the layout is part of the value.
-        return (
+        seen = (
             "tensor",
             str(value.dtype),
             tuple(value.shape),
@@ -729,10 +738,13 @@ def plain(value):
             value.storage_offset(),
             value.float().tolist(),
         )
+        if storages is not None:
+            seen += (storages.get(value.untyped_storage().data_ptr(), "own"),)
+        return seen
     if isinstance(value, (tuple, list)):
-        return tuple(plain(v) for v in value)
+        return tuple(plain(v, storages) for v in value)
     if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
+        return {k: plain(v, storages) for k, v in value.items()}
     if isinstance(value, types.SimpleNamespace):  # the layer, as set_kv_buffer receives it
         return ("layer", value.layer_id)
     if isinstance(value, torch.dtype):  # out_dtype
@@ -751,19 +763,28 @@ def kernel_calls(module, case):
     pool = KVPool(log, KV_DTYPES[case.kv], generator)
     tokens = sum(LENGTHS[case.mode][0])
     q = (torch.randn(tokens, Q_HEADS * HEAD_DIM, generator=generator) * 3).to(torch.bfloat16)
-    k, v = (torch.randn(tokens, KV_HEADS, HEAD_DIM, generator=generator).to(torch.bfloat16) for _ in "kv")
+    k, v = (torch.randn(tokens, h, HEAD_DIM, generator=generator).to(torch.bfloat16) for h in (KV_HEADS, v_heads()))
     if case.layout == "strided":  # the same values, as a view into one fused QKV tensor
         qkv = torch.cat([q, k.flatten(1), v.flatten(1)], dim=1)
-        q = qkv.split([Q_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=1)[0]
+        q = qkv.split([Q_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, v_heads() * HEAD_DIM], dim=1)[0]
         assert not q.is_contiguous()
     backend = _backend(module, case, pool)
     method = getattr(backend, case.method)  # through the class attribute, wrapped or not
     out = method(
         q, k, v, _layer(case), _forward_batch(module, case, pool), save_kv_cache=case.save_kv_cache, sinks=None
     )
-    calls = [(name, plain(arguments)) for name, arguments in log]
+    storages = named_storages(pool_k=pool.k_buffer, pool_v=pool.v_buffer, q=q, k=k, v=v)
+    calls = [(name, plain(arguments, storages)) for name, arguments in log]
     del log[:]
-    return calls + [("returned", plain(out))]
+    return calls + [("returned", plain(out, storages))]
+
+
+def named_storages(**tensors):
+    """storage pointer -> name, for ``plain``: the first name given a storage keeps it."""
+    named = {}
+    for name, tensor in tensors.items():
+        named.setdefault(tensor.untyped_storage().data_ptr(), name)
+    return named
 
 
 def flashinfer_of(kernel):

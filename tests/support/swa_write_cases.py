@@ -59,13 +59,19 @@ def layer_of(layer_id, scales):
     )
 
 
-def record(module, call):
+def record(module, call, pool=None):
+    """What ``call`` hands the recorded kernels and the fused write, as plain data; with ``pool``,
+    whether each tensor is the memory of the pool's buffers (layer 0 and 1), or of its own."""
     log = fp8_cases._LOGS[module]
     del log[:]
+    storages = None
+    if pool is not None:
+        (k0, v0), (k1, v1) = pool.get_kv_buffer(SWA_LAYER), pool.get_kv_buffer(FULL_LAYER)
+        storages = fp8_cases.named_storages(swa_k=k0, swa_v=v0, full_k=k1, full_v=v1)
     try:
         result = call()
-        calls = [(name, fp8_cases.plain(arguments)) for name, arguments in log]
-        return calls + ([("returned", fp8_cases.plain(result))] if isinstance(result, torch.Tensor) else [])
+        calls = [(name, fp8_cases.plain(arguments, storages)) for name, arguments in log]
+        return calls + ([("returned", fp8_cases.plain(result, storages))] if isinstance(result, torch.Tensor) else [])
     except Exception as error:
         return "raised %s: %s" % (type(error).__name__, error)
     finally:
@@ -88,10 +94,14 @@ def helper_calls(module, swa):
             cls = module.TRTLLMHAAttnBackend
             key = "layer%d-%s" % (layer_id, scales)
             out[key + "-keywords"] = record(
-                module, lambda: backend._fused_fp8_set_kv_buffer(q=q, k=k, v=v, layer=layer, forward_batch=batch)
+                module, lambda: backend._fused_fp8_set_kv_buffer(q=q, k=k, v=v, layer=layer, forward_batch=batch), pool
             )
-            out[key + "-positional"] = record(module, lambda: backend._fused_fp8_set_kv_buffer(q, k, v, layer, batch))
-            out[key + "-class"] = record(module, lambda: cls._fused_fp8_set_kv_buffer(backend, q, k, v, layer, batch))
+            out[key + "-positional"] = record(
+                module, lambda: backend._fused_fp8_set_kv_buffer(q, k, v, layer, batch), pool
+            )
+            out[key + "-class"] = record(
+                module, lambda: cls._fused_fp8_set_kv_buffer(backend, q, k, v, layer, batch), pool
+            )
     return out
 
 
@@ -117,7 +127,7 @@ def method_calls(module, release=RELEASE, layer_ids=(SWA_LAYER, FULL_LAYER)):
             layer = layer_of(layer_id, case.scales)
             method = getattr(backend, case.method)
             out["%s-layer%d" % (name, layer_id)] = record(
-                module, lambda: method(q, k, v, layer, batch, save_kv_cache=True, sinks=None)
+                module, lambda: method(q, k, v, layer, batch, save_kv_cache=True, sinks=None), pool
             )
     return out
 
