@@ -424,6 +424,7 @@ def remove_all():
     turned off. Replaced by someone else: nothing else to undo.
     """
     restored = set()  # (class, method): a method several records share counts once
+    in_place = set()  # the same, for methods turned off under another wrapper (not put back)
     with _lock:
         for entry in _applied:
             if isinstance(entry, Gate):
@@ -442,9 +443,9 @@ def remove_all():
             elif (cls, entry.method_name) in restored and current is entry.original:
                 pass  # put back already, by another record of the same wrapper
             elif _ours_in_chain(current, entry.hotfix, entry.method_name) is not None:
-                if (cls, entry.method_name) in restored:
+                if (cls, entry.method_name) in in_place:
                     continue
-                restored.add((cls, entry.method_name))
+                in_place.add((cls, entry.method_name))
                 say(
                     logging.WARNING,
                     "%s: another wrapper sits on top of the hotfix's; the hotfix is turned off "
@@ -459,9 +460,16 @@ def remove_all():
                     target,
                 )
         _applied.clear()  # what stays reachable is found again through the class by wrap()
-    if restored:
-        say(logging.INFO, "removed: %d method(s) restored to SGLang's original", len(restored), once_key="removed")
-    return len(restored)
+    if restored or in_place:
+        # Says which is which: a method under another wrapper is not SGLang's original again.
+        say(
+            logging.INFO,
+            "removed: %d method(s) restored to SGLang's original%s",
+            len(restored),
+            ", %d turned off in place under another wrapper" % len(in_place) if in_place else "",
+            once_key="removed",
+        )
+    return len(restored) + len(in_place)
 
 
 def _remove_gate(entry):

@@ -793,3 +793,18 @@ def test_both_kernel_call_records_under_another_patcher_stay_exact_and_come_back
         setattr(cls, "forward_decode", original)
         setattr(cls, "forward_extend", cls.__dict__["forward_extend"])
     assert len([m for m in _warnings(lines) if "turned off in place" in m]) == 2
+
+
+def test_remove_under_another_wrapper_says_the_method_is_turned_off_not_restored(registry, lines):
+    """0.6.0's INFO line said "restored to SGLang's original" for a method only turned off in place
+    under another wrapper (which stays on the class)."""
+    record = Capture()
+    try:
+        assert engine.handle(record.hotfix, record.module) == "patched"
+        _wrapt_wrapper(record, registry)
+        assert patch.remove_all() == 1
+    finally:
+        setattr(record.cls, record.hotfix.method_name, record.original)
+    (said,) = [message for level, message in lines if level == "INFO" and message.startswith("removed:")]
+    assert said == "removed: 0 method(s) restored to SGLang's original, 1 turned off in place under another wrapper"
+    assert record.outcome() == "unpatched"
