@@ -72,19 +72,38 @@ def diagnose(message):
 
 def _write_result(text, code):
     """Write the result to stdout and return ``code``: the exit status is the result's whatever
-    happens to stdout. Its reader gone (`status | head`), stdout closed (`>&-`) or full
-    (`>/dev/full`): one line on stderr where the result could not be written, no traceback."""
+    happens to stdout. Its reader gone (`status | head`), stdout closed (`>&-`), full
+    (`>/dev/full`) or short of room (a nearly full disk, where Python's writer drops what did not
+    fit without a word): one line on stderr where the result was not written whole, no
+    traceback. Characters stdout's encoding lacks are escaped, not a reason to lose the result."""
     if sys.stdout is None:  # started with stdout closed: Python sets sys.stdout to None
         diagnose("stdout is closed: the result was not written (exit status %d)" % code)
         _silence_stdout()  # said once: later writes of the same result go nowhere, silently
         return code
     try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # a stdout without a descriptor (a host's stream object)
+        fd = None
+    data = text.encode(getattr(sys.stdout, "encoding", None) or "utf-8", "backslashreplace")
+    written = 0
+    try:
+        if fd is None:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            return code
+        sys.stdout.flush()  # what Python buffered before goes first
+        while written < len(data):
+            step = os.write(fd, data[written:])
+            if step <= 0:
+                raise OSError("the device took no more bytes")
+            written += step
     except BrokenPipeError:  # the reader left on purpose (`| head`): not worth a line
         _silence_stdout()
     except (OSError, ValueError) as error:  # ENOSPC, EBADF, a closed file object
-        diagnose("cannot write the result to stdout: %s (exit status %d)" % (error, code))
+        diagnose(
+            "cannot write the result to stdout: %s (%d of %d bytes written; exit status %d)"
+            % (error, written, len(data), code)
+        )
         _silence_stdout()
     return code
 
@@ -116,7 +135,7 @@ def status(arguments):
     from . import detect, status as state
 
     if arguments.source is not None:  # --source "" is a path that cannot be examined (exit 3), not "installed"
-        with detect.shared_parses():  # a single file is parsed once for all records
+        with detect.shared_parses(), state.shared_walks():  # one walk, one parse per file, for all records
             return _status_of_source(arguments, state)
     reports, texts, worst = [], [], state.EXIT_OK
     with detect.shared_parses():  # the records read one file: parse it once

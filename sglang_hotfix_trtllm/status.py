@@ -7,7 +7,9 @@ wrapt when the verdict is affected, exactly as the import hook will before
 wrapping: a missing or broken wrapt is then reported, not promised away.
 """
 
+import contextlib
 import os
+import stat
 
 from . import __version__, detect, engine, launcher, source, switches
 from .record import Verdict
@@ -145,12 +147,19 @@ class PathProblem(Exception):
     """``status --source`` was given a path it cannot examine (exit 3)."""
 
 
+# Folders a scan does not enter: version control and byte-code (no backend there), and the kernel's
+# pseudo filesystems of a live root (thousands of entries that vanish or refuse mid-walk).
+SKIPPED_FOLDER_NAMES = frozenset((".git", ".hg", ".svn", "__pycache__"))
+SKIPPED_FOLDER_PATHS = frozenset(("/proc", "/sys", "/dev"))
+
+
 def backend_files(hotfix, root):
     """(files, unreadable): every source file of the hotfix's target module under ``root`` (a
-    file, or a folder: an image root, a site-packages folder, a checkout), sorted, and a
-    "PATH: reason" line for each folder or backend file under it that cannot be read (a
-    non-root user scanning an image root meets mode-700 folders). Raises PathProblem when
-    nothing can be judged: a bad path, or no readable backend file at all."""
+    file, or a folder: an image root, a site-packages folder, a checkout, dot-folders such as a
+    ``.venv`` included; links to folders are not followed), sorted, and a "PATH: reason" line for
+    each folder or backend file under it that cannot be read (a non-root user scanning an image
+    root meets mode-700 folders; a broken link; a FIFO). Raises PathProblem when nothing can be
+    judged: a bad path, or no readable backend file at all. Cached per root for one command."""
     name = hotfix.module.rpartition(".")[2] + ".py"
     if not root:
         raise PathProblem("an empty path names no file or folder")
@@ -160,20 +169,78 @@ def backend_files(hotfix, root):
         if not os.access(root, os.R_OK):
             raise PathProblem("cannot read %s: permission denied" % root)
         return [root], []
-    found, errors = [], []
-    for folder, subfolders, files in os.walk(root, onerror=errors.append):
-        subfolders[:] = sorted(d for d in subfolders if not d.startswith(".") and d != "__pycache__")
-        if name in files:
-            found.append(os.path.join(folder, name))
-    unreadable = ["%s: %s" % (e.filename or root, e.strerror or e) for e in errors]
-    unreadable += ["%s: permission denied" % p for p in found if not os.access(p, os.R_OK)]
-    readable = [p for p in found if os.access(p, os.R_OK)]
+    key = (os.path.abspath(root), name)
+    readable, unreadable = _walked[key] if _walked is not None and key in _walked else _walk(root, name)
+    if _walked is not None:
+        _walked[key] = readable, unreadable
     if not readable:
         where = "; cannot read %s" % unreadable[0] if unreadable else ""
         raise PathProblem(
             "no readable %s under %s%s" % (name, root, where) if unreadable else "no %s under %s" % (name, root)
         )
+    return list(readable), list(unreadable)
+
+
+_walked = None  # within shared_walks(): (root, file name) -> (readable, unreadable)
+
+
+@contextlib.contextmanager
+def shared_walks():
+    """The records of one ``status --source`` share one walk of the tree (a live root changes
+    between walks, and every walk of an image root costs seconds)."""
+    global _walked
+    _walked = {}
+    try:
+        yield
+    finally:
+        _walked = None
+
+
+def _walk(root, name):
+    """Depth first, sub-folders in sorted order (as ``os.walk`` top-down with sorted names), without
+    recursion: a tree of any depth is walked (``os.walk`` recurses once per level up to Python 3.11
+    and stopped a scan at Python's recursion limit)."""
+    found, errors, stack = [], [], [root]
+    while stack:
+        folder = stack.pop()
+        try:
+            with os.scandir(folder) as listing:
+                entries = list(listing)
+        except OSError as error:
+            errors.append(error)
+            continue
+        subfolders = []
+        for entry in entries:
+            try:
+                is_folder = entry.is_dir(follow_symlinks=False)  # links to folders are not followed
+            except OSError:
+                is_folder = False
+            if is_folder:
+                if entry.name not in SKIPPED_FOLDER_NAMES and entry.path not in SKIPPED_FOLDER_PATHS:
+                    subfolders.append(entry.path)
+            elif entry.name == name:
+                found.append(entry.path)
+        stack.extend(sorted(subfolders, reverse=True))
+    unreadable = ["%s: %s" % (error.filename or root, error.strerror or error) for error in errors]
+    readable = []
+    for path in found:
+        problem = _file_problem(path)
+        if problem:
+            unreadable.append("%s: %s" % (path, problem))
+        else:
+            readable.append(path)
     return readable, unreadable
+
+
+def _file_problem(path):
+    """Why a backend file found by the walk cannot be read, or None."""
+    if not os.path.exists(path):
+        return "a broken link"
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        return "not a regular file"  # a FIFO would block the read
+    if not os.access(path, os.R_OK):
+        return "permission denied"
+    return None
 
 
 def of_tree(hotfix, root):

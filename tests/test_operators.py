@@ -449,10 +449,16 @@ def test_run_help_lists_the_variables_it_says_it_lists():
 
 
 def _readme_command(opening):
-    """The first backquoted command of the README line that opens with ``opening``."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    line = next(line for line in text.splitlines() if line.startswith(opening))
-    return re.findall(r"`([^`]+)`", line)
+    """The backquoted commands of the README paragraph or list item that opens with ``opening``
+    (its lines joined as a reader copies them: one space where a line breaks)."""
+    lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(opening))
+    item = [lines[start]]
+    for line in lines[start + 1 :]:
+        if not line.strip() or line.startswith("* "):
+            break
+        item.append(line.strip())
+    return re.findall(r"`([^`]+)`", " ".join(item))
 
 
 def test_uv_install_then_the_readmes_uv_removal_leaves_nothing_of_the_plugin(tmp_path, plugin_wheel):
@@ -475,7 +481,7 @@ def test_uv_install_then_the_readmes_uv_removal_leaves_nothing_of_the_plugin(tmp
     env = clean_env(PATH="%s:%s:%s" % (target / "bin", tool / "bin", os.environ["PATH"]))
     (install,) = _readme_command("With uv:")
     install = install.replace("/tmp/sglang_hotfix_trtllm-%s-py3-none-any.whl" % __version__, str(plugin_wheel))
-    removal = _readme_command("* uv:")
+    removal = _readme_command("* uv,")
     for command in [install] + removal:
         ran = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, timeout=600)
         assert ran.returncode == 0, (command, ran.stderr)
@@ -483,3 +489,94 @@ def test_uv_install_then_the_readmes_uv_removal_leaves_nothing_of_the_plugin(tmp
     now = {p.relative_to(site) for p in site.rglob("*") if p.is_file()}
     left = {p for p in now - before if not str(p).startswith("wrapt")}
     assert left == set(), sorted(map(str, left))
+
+
+# --- status --source over odd trees (a review of issue 30's item 4) ---------------------------
+
+
+def _scan(root, timeout=120):
+    return run_cli("status", "--source", str(root), "--json", timeout=timeout)
+
+
+def test_a_backend_in_a_dot_folder_such_as_a_venv_is_found(tmp_path, installed_backend_source):
+    """uv's default environment is `.venv`: 0.6.0 skipped every dot-folder and said there was no backend."""
+    sglang_tree(tmp_path / "app" / ".venv" / "lib" / "python3.12" / "site-packages", installed_backend_source)
+    ran = _scan(tmp_path / "app")
+    assert ran.returncode == 0, ran.stderr
+    assert [s["verdict"] for s in ran.report["sources"]] == ["affected"]
+
+
+@pytest.mark.parametrize("odd", ["fifo", "broken_link"])
+def test_an_odd_file_named_like_the_backend_is_reported_not_read(image_root, odd):
+    """A FIFO of that name hung the scan (opened for reading); a broken link read as 'permission denied'."""
+    path = image_root / "trtllm_mha_backend.py"
+    if odd == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to(image_root / "nowhere")
+    ran = _scan(image_root, timeout=60)
+    assert ran.returncode == 3, ran
+    assert sorted(s["verdict"] for s in ran.report["sources"]) == ["affected", "fixed"]
+    reason = {"fifo": "not a regular file", "broken_link": "a broken link"}[odd]
+    assert ran.report["unreadable"] == ["%s: %s" % (path, reason)]
+
+
+def test_a_tree_nested_too_deep_gives_no_traceback(image_root):
+    """os.walk recursed past Python's limit (Python 3.11): a traceback and exit 1, read as 'not protected'.
+    The walk is iterative now: the deep folder is walked to its end, the other verdicts given."""
+    subprocess.run(["mkdir", "-p", "/".join(["d"] * 1100)], cwd=image_root, check=True, timeout=60)
+    try:
+        ran = _scan(image_root)
+    finally:  # pytest's own clean-up (shutil.rmtree) recurses once per level, too deep for it
+        subprocess.run(["rm", "-rf", "d"], cwd=image_root, check=True, timeout=60)
+    assert "Traceback" not in ran.stderr and ran.returncode == 0, ran
+    assert sorted(s["verdict"] for s in ran.report["sources"]) == ["affected", "fixed"]
+
+
+def test_the_records_share_one_walk_of_the_tree(image_root):
+    """Each record walked the tree again (six walks of an image root; a live one changes between them)."""
+    code = (
+        "import os, sys\n"
+        "calls = []\n"
+        "real = os.scandir\n"
+        "os.scandir = lambda path='.': (calls.append(os.fspath(path)), real(path))[1]\n"
+        "from sglang_hotfix_trtllm.cli import main\n"
+        "code = main(['status', '--source', %r, '--json'])\n"
+        "sys.stderr.write('WALKS:%%d\\n' %% calls.count(%r))\n"
+        "sys.exit(code)\n" % (str(image_root), str(image_root))
+    )
+    ran = run_python(["-c", code])
+    assert ran.returncode == 0 and "WALKS:1\n" in ran.stderr, ran
+
+
+def test_a_result_cut_short_by_the_file_size_limit_is_said_on_stderr(tmp_path):
+    """Python's writer dropped what did not fit (a nearly full disk) without a word: exit 0 and half
+    a JSON document. The file size limit stands in for the full disk (Python ignores SIGXFSZ)."""
+    import shlex
+
+    from conftest import CLI
+
+    expected = run_cli("status", "--json")
+    out = tmp_path / "out.json"
+    ran = subprocess.run(
+        ["bash", "-c", "ulimit -f 4; %s status --json > %s" % (shlex.quote(str(CLI)), shlex.quote(str(out)))],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=120,
+    )
+    assert len(expected.stdout.encode()) > 4096  # the limit cuts it
+    assert ran.returncode == expected.returncode and "Traceback" not in ran.stderr, ran.stderr
+    assert (
+        "cannot write the result to stdout" in ran.stderr
+        and "of %d bytes written" % len(expected.stdout.encode()) in ran.stderr
+    ), ran.stderr
+
+
+def test_a_stdout_that_is_not_utf_8_still_gets_the_result(tmp_path):
+    """The release ranges hold '…': with an ASCII stdout 0.7.0's first cut wrote nothing at all."""
+    expected = run_cli("status")
+    ran = run_cli("status", env=clean_env(PYTHONIOENCODING="ascii"))
+    assert ran.returncode == expected.returncode and ran.stderr == "", ran.stderr
+    assert ran.stdout.splitlines()[0] == expected.stdout.splitlines()[0]
+    assert "\\u2026" in ran.stdout or "…" not in expected.stdout
