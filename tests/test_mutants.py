@@ -577,44 +577,56 @@ class ScaleRepair:
     def oracle(self, folder):
         return fp8_cases.upstream_module(folder, self.fixed_dir)
 
-    def check(self, index, text, patched=True):
-        """None when the (patched) mutant's kernel calls equal the oracle's in every case, else the first difference."""
-        folder = self.tmp / ("scale%d" % index) / self.release  # fp8_cases reads the release from the name
-        _write(folder, text)
-        for member, path in self.files.items():
-            (folder / member).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, folder / member)
+    def load(self, folder):
+        """(the mutant's module, its oracle), or a problem in words."""
         try:
             module = fp8_cases.load_backend_module(folder)
         except Exception as error:
             return "the mutated module does not load (%s)" % _error(error)
         try:
-            oracle = self.oracle(folder)
+            return module, self.oracle(folder)
         except Exception as error:
             return "no oracle: upstream's change cannot be applied (%s)" % _error(error)
+
+    def observe(self, module):
+        """name -> what the kernels (and KV writes) receive in that case, or the error raised."""
+        return {name: _kernel_calls(module, case) for name, case in self.cases.items()}
+
+    def check(self, index, text, patched=True):
+        """None when the (patched) mutant's recorded calls equal the oracle's in every case, else the first
+        difference."""
+        folder = self.tmp / ("mutant%d" % index) / self.release  # fp8_cases reads the release from the name
+        _write(folder, text)
+        for member, path in self.files.items():
+            (folder / member).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, folder / member)
+        loaded = self.load(folder)
+        if isinstance(loaded, str):
+            return loaded
+        module, oracle = loaded
         try:
-            want = {name: _kernel_calls(oracle, case) for name, case in self.cases.items()}
+            want = self.observe(oracle)
             if not patched:
-                got = {name: _kernel_calls(module, case) for name, case in self.cases.items()}
+                got = self.observe(module)
             else:
                 assessment = detect.assess_module(self.hotfix, module)
                 if assessment.verdict is not Verdict.AFFECTED:
                     return "the module is assessed %s: %s" % (assessment.verdict.value, assessment.reason)
                 try:
                     patch.wrap(self.hotfix, module, assessment)
-                    got = {name: _kernel_calls(module, case) for name, case in self.cases.items()}
+                    got = self.observe(module)
                 finally:
                     patch.remove_all()
         finally:
             fp8_cases._tree.cache_clear()  # the parsed files, cached by path: one folder per mutant
-        differing = [name for name in self.cases if got[name] != want[name]]
+        differing = [name for name in want if got.get(name) != want[name]]
         if differing:
             first = differing[0]
             return "%d of %d cases differ from the oracle; the first, %s: %s" % (
                 len(differing),
-                len(self.cases),
+                len(want),
                 first,
-                _calls_difference(got[first], want[first]),
+                _calls_difference(got.get(first, "missing"), want[first]),
             )
         return None
 
@@ -634,47 +646,25 @@ class StrideRepair(ScaleRepair):
         )
 
 
-class WriteRepair:
-    """pr19107: the mutated file compiled as ``fp8_cases`` compiles a release (in a folder named
-    0.5.9, beside that release's files); the fused write called directly and inside both methods
-    on SGLang's real SWAKVPool (``swa_write_cases``), against the mutant with PR #19107 applied
-    from 0.5.10's file."""
+class WriteRepair(ScaleRepair):
+    """pr19107: as ``ScaleRepair`` (the mutant compiled in a folder named 0.5.9, beside that
+    release's files), what the fused write and the kernels receive with the write called directly
+    and inside both methods on SGLang's real SWAKVPool (``swa_write_cases``), against the mutant
+    with PR #19107 applied from 0.5.10's file."""
 
-    def __init__(self, release, source_root, tmp, monkeypatch):
-        self.scales = ScaleRepair(release, source_root, tmp, monkeypatch)
-        self.release, self.tmp = release, tmp
+    hotfix = pr19107.HOTFIX
 
-    def check(self, index, text, patched=True):
-        folder = self.tmp / ("write%d" % index) / self.release
-        _write(folder, text)
-        for member, path in self.scales.files.items():
-            (folder / member).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, folder / member)
+    def chosen_cases(self, release):
+        return {}  # swa_write_cases makes its own
+
+    def load(self, folder):
         try:
-            module, oracle = swa_write_cases.modules(folder)
+            return swa_write_cases.modules(folder)
         except Exception as error:
             return "the mutated module or its oracle does not load (%s)" % _error(error)
-        try:
 
-            def calls(m):
-                return dict(swa_write_cases.helper_calls(m, True), **swa_write_cases.method_calls(m, self.release))
-
-            want = calls(oracle)
-            if patched:
-                assessment = detect.assess_module(pr19107.HOTFIX, module)
-                if assessment.verdict is not Verdict.AFFECTED:
-                    return "the module is assessed %s: %s" % (assessment.verdict.value, assessment.reason)
-                try:
-                    patch.wrap(pr19107.HOTFIX, module, assessment)
-                    got = calls(module)
-                finally:
-                    patch.remove_all()
-            else:
-                got = calls(module)
-        finally:
-            fp8_cases._tree.cache_clear()
-        differing = [name for name in want if got.get(name) != want[name]]
-        return "%d calls differ from the oracle; the first, %s" % (len(differing), differing[0]) if differing else None
+    def observe(self, module):
+        return dict(swa_write_cases.helper_calls(module, True), **swa_write_cases.method_calls(module, self.release))
 
 
 class QueryRepair(ScaleRepair):
