@@ -19,7 +19,7 @@ class ReleaseTable(Mapping):
     def __init__(self, filename):
         self.path = os.path.join(os.path.dirname(os.path.abspath(__file__)), filename)
         self._by_fingerprint = None
-        self.rows = ()
+        self._rows = ()
         self.problem = None  # why the file could not be read, if it could not
 
     def _load(self):
@@ -28,15 +28,22 @@ class ReleaseTable(Mapping):
         table = {}
         try:
             with open(self.path, encoding="utf-8") as handle:
-                self.rows = tuple(json.load(handle)["releases"])
-            for row in self.rows:
+                self._rows = tuple(json.load(handle)["releases"])
+            for row in self._rows:
                 verdict, releases = table.get(row["fingerprint"], (Verdict(row["verdict"]), ()))
                 table[row["fingerprint"]] = (verdict, releases + (row["release"],))
         except (OSError, ValueError, KeyError, TypeError) as error:
             self.problem = "%s: %s: %s" % (self.path, type(error).__name__, error)
-            table = {}
+            table, self._rows = {}, ()  # a damaged table is an empty one, rows and mapping alike
         self._by_fingerprint = table
         return table
+
+    @property
+    def rows(self):
+        """The table's rows, oldest release first (read on first use, as the mapping is); () when
+        the file cannot be read."""
+        self._load()
+        return self._rows
 
     def __getitem__(self, fingerprint):
         return self._load()[fingerprint]

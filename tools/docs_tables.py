@@ -38,7 +38,6 @@ def records():
 
 
 def rows(hotfix):
-    hotfix.known_fingerprints._load()
     return list(hotfix.known_fingerprints.rows)
 
 

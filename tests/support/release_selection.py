@@ -25,7 +25,7 @@ RELEASES_CACHE = CACHE / "releases"
 
 def table(hotfix):
     """release -> row of the record's shipped table ({} when it cannot be read)."""
-    return {row["release"]: row for row in hotfix.known_fingerprints.rows} if len(hotfix.known_fingerprints) else {}
+    return {row["release"]: row for row in hotfix.known_fingerprints.rows}
 
 
 def selected(shipped, quick):
