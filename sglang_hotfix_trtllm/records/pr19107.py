@@ -156,7 +156,7 @@ def _translates(function):
         node
         for node in ast.walk(function)
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign))
-        and "cache_loc" in {ast.unparse(t) for t in getattr(node, "targets", [getattr(node, "target", None)]) if t}
+        and "cache_loc" in {ast.unparse(t) for t in (node.targets if isinstance(node, ast.Assign) else [node.target])}
     ]
     if len(assigned) != 1 or assigned[0] not in function.body:
         return False
