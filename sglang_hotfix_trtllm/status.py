@@ -136,11 +136,17 @@ def of_environment(hotfix):
     return report, assessment, exit_status(assessment, decision, patched)
 
 
+def source_exit_status(verdict):
+    """The exit status of a source judged on its own (``status --source``, and the README's table
+    of what ``status`` says on each release): 2 for code the hotfix would refuse, 1 for a bug it
+    recognises but cannot repair, 0 otherwise."""
+    return {Verdict.UNKNOWN: EXIT_ERROR, Verdict.UNREPAIRABLE: EXIT_UNPROTECTED}.get(verdict, EXIT_OK)
+
+
 def of_file(hotfix, path):
     """(report dict, assessment, exit status) for one given source file."""
     assessment = detect.assess_source(hotfix, path)
-    code = {Verdict.UNKNOWN: EXIT_ERROR, Verdict.UNREPAIRABLE: EXIT_UNPROTECTED}.get(assessment.verdict, EXIT_OK)
-    return assessment.as_dict(), assessment, code
+    return assessment.as_dict(), assessment, source_exit_status(assessment.verdict)
 
 
 class PathProblem(Exception):

@@ -120,6 +120,7 @@ def status_first_line(release, verdicts):
     """What ``status`` prints first for ``release`` where a loader is active (a plain pip
     install), computed by status's own ``overall_headline``."""
     from sglang_hotfix_trtllm import engine, status
+    from sglang_hotfix_trtllm.record import Verdict
 
     reports = []
     for name, verdict in verdicts.items():
@@ -131,12 +132,17 @@ def status_first_line(release, verdicts):
                 "reason": "(reason)",
                 "sglang_version": release,
                 "would_patch": affected,
-                "decision": engine.Action.PATCH.value if affected else "none",
-                "would_patch_reason": status.COVERAGE_WORDS[status.EVERY_PROCESS],
+                # Only what overall_headline asks of it: a refusal is named on the CANNOT PATCH line.
+                "decision": engine.Action.PATCH.value
+                if affected
+                else engine.Action.UNKNOWN_CODE.value
+                if verdict == "unknown"
+                else verdict,
+                "would_patch_reason": status.COVERAGE_WORDS[status.EVERY_PROCESS] if affected else "(reason)",
                 "covered_processes": status.EVERY_PROCESS if affected else status.NONE,
             }
         )
-    code = status.EXIT_UNPROTECTED if any(v in ("unknown", "unrepairable") for v in verdicts.values()) else 0
+    code = max(status.source_exit_status(Verdict(verdict)) for verdict in verdicts.values())
     return status.overall_headline(reports, code), code
 
 
