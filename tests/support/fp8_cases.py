@@ -754,6 +754,19 @@ def plain(value, storages=None):
     raise TypeError("no plain form for %r" % (value,))
 
 
+def inputs(case, generator):
+    """q, k, v of one call of ``case``, drawn from ``generator``; with the strided layout, ``q`` is
+    the same values as a view into one fused QKV tensor (``qkv.split``)."""
+    tokens = sum(LENGTHS[case.mode][0])
+    q = (torch.randn(tokens, Q_HEADS * HEAD_DIM, generator=generator) * 3).to(torch.bfloat16)
+    k, v = (torch.randn(tokens, h, HEAD_DIM, generator=generator).to(torch.bfloat16) for h in (KV_HEADS, v_heads()))
+    if case.layout == "strided":
+        qkv = torch.cat([q, k.flatten(1), v.flatten(1)], dim=1)
+        q = qkv.split([Q_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, v_heads() * HEAD_DIM], dim=1)[0]
+        assert not q.is_contiguous()
+    return q, k, v
+
+
 def kernel_calls(module, case):
     """Run ``case`` through ``module``'s backend class as SGLang calls it; the recorded calls
     (kernels, KV writes) and the returned tensor, as plain data."""
@@ -761,13 +774,7 @@ def kernel_calls(module, case):
     del log[:]
     generator = torch.Generator().manual_seed(_seed(case))
     pool = KVPool(log, KV_DTYPES[case.kv], generator)
-    tokens = sum(LENGTHS[case.mode][0])
-    q = (torch.randn(tokens, Q_HEADS * HEAD_DIM, generator=generator) * 3).to(torch.bfloat16)
-    k, v = (torch.randn(tokens, h, HEAD_DIM, generator=generator).to(torch.bfloat16) for h in (KV_HEADS, v_heads()))
-    if case.layout == "strided":  # the same values, as a view into one fused QKV tensor
-        qkv = torch.cat([q, k.flatten(1), v.flatten(1)], dim=1)
-        q = qkv.split([Q_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, v_heads() * HEAD_DIM], dim=1)[0]
-        assert not q.is_contiguous()
+    q, k, v = inputs(case, generator)
     backend = _backend(module, case, pool)
     method = getattr(backend, case.method)  # through the class attribute, wrapped or not
     out = method(

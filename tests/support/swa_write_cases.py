@@ -106,24 +106,18 @@ def helper_calls(module, swa):
 
 
 def method_calls(module, release=RELEASE, layer_ids=(SWA_LAYER, FULL_LAYER)):
-    """``forward_decode`` and ``forward_extend`` of fp8_cases's FP8 cases with the fused write, on
-    the real SWA pool (the page tables as fp8_cases builds them)."""
+    """``forward_decode`` and ``forward_extend`` of fp8_cases's FP8 cases with the fused write (packed
+    and strided queries), on the real SWA pool (the page tables as fp8_cases builds them)."""
     out = {}
     for name, case in fp8_cases.cases(release).items():
-        if not case.fused or case.scales not in ("absent", "float", "checkpoint") or case.layout != "packed":
+        if not case.fused or case.scales not in ("absent", "float", "checkpoint"):
             continue
         for layer_id in layer_ids:
             pool = swa_pool()
             backend = fp8_cases._backend(module, case, pool)
             backend.use_sliding_window_kv_pool, backend._swa_kv_pool = True, pool
             batch = fp8_cases._forward_batch(module, case, pool)
-            generator = torch.Generator().manual_seed(fp8_cases._seed(case))
-            tokens = sum(fp8_cases.LENGTHS[case.mode][0])
-            q = (torch.randn(tokens, fp8_cases.Q_HEADS * fp8_cases.HEAD_DIM, generator=generator)).to(torch.bfloat16)
-            k, v = (
-                torch.randn(tokens, fp8_cases.KV_HEADS, fp8_cases.HEAD_DIM, generator=generator).to(torch.bfloat16)
-                for _ in "kv"
-            )
+            q, k, v = fp8_cases.inputs(case, torch.Generator().manual_seed(fp8_cases._seed(case)))
             layer = layer_of(layer_id, case.scales)
             method = getattr(backend, case.method)
             out["%s-layer%d" % (name, layer_id)] = record(
