@@ -381,10 +381,10 @@ def _gate_in_force(hotfix, module, name):
     )
 
 
-def arm_gates(hotfix, module):
-    """Put the record's gates that are not in force into the module, at the first call that
-    needs them (a record's wrapper asks): a process whose calls never need a repair never
-    gets a gate. True when every gate is in force afterwards. False, with nothing put, when
+def arm_gates(hotfix, module, names=None):
+    """Put the record's gates that are not in force into the module (those of ``names``, or all),
+    at the first call that needs them (a record's wrapper asks): a process whose calls never need
+    a repair never gets a gate. True when those gates are in force afterwards. False, with nothing put, when
     the record's wrappers on the module's class are no longer in force (``remove()`` ran
     meanwhile) or the module lacks a global it gates (SGLang binds ``flashinfer`` only where
     it imports it: the module's own code cannot reach it either)."""
@@ -394,15 +394,16 @@ def arm_gates(hotfix, module):
             isinstance(e, Applied) and e.hotfix is hotfix and e.enabled and e.cls_ref() is cls for e in _applied
         ):
             return False
-        if any(name not in vars(module) for name, _ in hotfix.gates):
+        gates = [(name, make_gate) for name, make_gate in hotfix.gates if names is None or name in names]
+        if any(name not in vars(module) for name, _ in gates):
             return False
-        _install_gates(hotfix, module)
+        _install_gates(hotfix, module, gates)
         return True
 
 
-def _install_gates(hotfix, module):
-    """Put the record's gates that are not in force into the module."""
-    for name, make_gate in hotfix.gates:
+def _install_gates(hotfix, module, gates):
+    """Put these gates of the record that are not in force into the module."""
+    for name, make_gate in gates:
         if name not in vars(module) or _gate_in_force(hotfix, module, name):
             continue
         original = vars(module)[name]

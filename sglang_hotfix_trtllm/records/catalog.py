@@ -2,11 +2,12 @@
 
 The order is the order records are listed, applied and, on a shared kernel call
 (``trtllm_kernel_site``), repaired in: the records' repairs there touch different
-arguments (pr28144 the scales, pr31667 the query, pr17732 the K/V cache views)."""
+arguments (pr28144 the scales, pr31667 the query, pr17732 the K/V cache views; xqa_workspace
+fmha_v2's workspace, by its own arguments)."""
 
-from . import pr17732, pr19107, pr25103, pr26521, pr28144, pr31667
+from . import pr17732, pr19107, pr25103, pr26521, pr28144, pr31667, xqa_workspace
 
-HOTFIXES = (pr26521.HOTFIX, pr25103.HOTFIX, pr28144.HOTFIX, pr31667.HOTFIX, pr17732.HOTFIX, pr19107.HOTFIX)
+HOTFIXES = (pr26521.HOTFIX, pr25103.HOTFIX, pr28144.HOTFIX, pr31667.HOTFIX, pr17732.HOTFIX, pr19107.HOTFIX, xqa_workspace.HOTFIX)
 
 
 def for_module(module_name):

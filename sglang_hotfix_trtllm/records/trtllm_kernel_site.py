@@ -34,11 +34,22 @@ KERNELS = {"decode": "trtllm_batch_decode_with_kv_cache", "prefill": "trtllm_bat
 
 _NEEDS = {}  # record name -> needs(backend, layer, q, wrapped)
 _REPAIRS = {}  # record name -> repair(call, kwargs)
+# (submodule, kernel) -> repair(kwargs): kernels another record repairs from their own arguments
+# alone, whatever method calls them (no noted call): fmha_v2's workspace (record xqa_workspace).
+_ARGUMENT_REPAIRS = {}
 
 
 def register(name, needs, repair):
     """A record's part of the site (called when its module is imported)."""
     _NEEDS[name], _REPAIRS[name] = needs, repair
+
+
+def register_argument_repair(submodule, kernel, repair):
+    """A kernel of ``flashinfer.<submodule>`` whose calls through the gate get ``repair(kwargs)``
+    (the keyword arguments, SGLang's own objects wherever it leaves them), with no call noted:
+    for a record whose repair is decided by the arguments themselves (a buffer the record
+    allocated). ``repair`` must never raise."""
+    _ARGUMENT_REPAIRS[(submodule, kernel)] = repair
 
 
 class Call:
@@ -191,6 +202,22 @@ class _GatedKernel:
         return getattr(self.kernel, name)
 
 
+class _ArgumentRepairedKernel:
+    """A FlashInfer kernel whose calls through the gate get a record's ``register_argument_repair``
+    (no noted call: the repair is decided by the arguments)."""
+
+    def __init__(self, kernel, repair, gate):
+        self.kernel, self.repair, self.gate = kernel, repair, gate
+
+    def __call__(self, *args, **kwargs):
+        if self.gate._self_hotfix_on:
+            kwargs = self.repair(kwargs)
+        return self.kernel(*args, **kwargs)  # what it raises propagates, as upstream's call would
+
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)
+
+
 _gate_classes = {}  # made once, at the first gate (they subclass patch's GateProxy, which needs wrapt)
 
 
@@ -206,15 +233,23 @@ def _gate_class():
         each access as SGLang's own code looks it up (a kernel replaced later, by a profiler, a
         mock or a HookRegistry hook, is the one called, with upstream's arguments), and gated."""
 
-        def __init__(self, submodule, kernel_name, gate):
+        def __init__(self, submodule, submodule_name, gate):
             super().__init__(submodule)
-            self._self_kernel_name, self._self_gate = kernel_name, gate
+            self._self_submodule_name, self._self_gate = submodule_name, gate
+            self._self_kernel_name = KERNELS[submodule_name]
             self._self_pair = (None, None)  # (kernel, its gated kernel): one object, swapped whole
+            self._self_repaired = {}  # kernel name -> (kernel, its argument-repaired kernel)
 
         def __getattr__(self, name):
             found = getattr(self.__wrapped__, name)
             if name != self._self_kernel_name:
-                return found
+                repair = _ARGUMENT_REPAIRS.get((self._self_submodule_name, name))
+                if repair is None:
+                    return found
+                pair = self._self_repaired.get(name, (None, None))
+                if pair[0] is not found:  # a kernel replaced since: repair that one
+                    pair = self._self_repaired[name] = (found, _ArgumentRepairedKernel(found, repair, self._self_gate))
+                return pair[1]
             pair = self._self_pair  # read once: another thread may swap it meanwhile
             if pair[0] is not found:  # a kernel replaced since (a profiler, a mock): gate that one
                 pair = self._self_pair = (found, _GatedKernel(found, self._self_gate))
@@ -234,7 +269,7 @@ def _gate_class():
                 return submodule
             kept = self._self_submodule_gates.get(name)
             if kept is None or kept.__wrapped__ is not submodule:
-                kept = self._self_submodule_gates[name] = FlashInferSubmoduleGate(submodule, KERNELS[name], self)
+                kept = self._self_submodule_gates[name] = FlashInferSubmoduleGate(submodule, name, self)
             return kept
 
     _gate_classes.update(flashinfer=FlashInferGate, submodule=FlashInferSubmoduleGate)
