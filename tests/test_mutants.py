@@ -57,6 +57,9 @@ records, with no bug in 0.5.12, run on their own releases only (pr17732: 0.5.1 a
 first of them when quick; pr19107: 0.5.9): every mutant of the methods they pin must be refused,
 and the unmutated release repaired exactly (pr17732: ``fp8_cases`` with PR #17732 from 0.5.9's file;
 pr19107: ``swa_write_cases`` on SGLang's real SWAKVPool, with PR #19107 from 0.5.10's file).
+xqa_workspace (no fmha_v2 in 0.5.12) runs on 0.5.22: ``__init__`` and ``forward_extend`` pinned,
+``forward_decode``'s mutants refused or repaired exactly (``workspace_cases``: SGLang's own
+``__init__``, prefill and decode, with 0.5.23's change from its file as the oracle).
 """
 
 import ast
@@ -78,8 +81,9 @@ import release_selection
 import swa_cases
 import swa_write_cases
 import upstream_fix
+import workspace_cases
 from sglang_hotfix_trtllm import detect, engine, patch
-from sglang_hotfix_trtllm.records import pr17732, pr19107, pr25103, pr26521, pr28144, pr31667
+from sglang_hotfix_trtllm.records import pr17732, pr19107, pr25103, pr26521, pr28144, pr31667, xqa_workspace
 from sglang_hotfix_trtllm.record import Verdict
 
 INSTALLED = "installed"
@@ -180,10 +184,24 @@ RECORDS = {
         variants=("0.5.9",),
         installed=False,
     ),
+    # No fmha_v2 in the installed SGLang (0.5.12): its affected releases only. __init__ and
+    # forward_extend are pinned; forward_decode passes XQA the workspace and must stay exact.
+    "xqa_workspace": dict(
+        record=xqa_workspace,
+        methods=("__init__", "forward_extend", "forward_decode"),
+        pinned=("__init__", "forward_extend"),
+        writes={
+            "fmha_v2_here": "flashinfer.prefill.trtllm_fmha_v2_prefill((q, q), workspace_buffer=self.workspace_buffer)",
+            "workspace_again": "self.workspace_buffer = get_buffer('trtllm_mha_zero_workspace', lambda: 0)",
+        },
+        variants=("0.5.22",),  # 0.5.19 to 0.5.21: the differential (test_xqa_workspace)
+        installed=False,
+    ),
 }
 # Mutants the generator makes, measured (pr26521: 363 on 0.5.12, 310 on 0.5.1 and
 # 0.5.3; pr25103: 403 on 0.5.12, 331 on 0.5.9; pr28144: 645 on 0.5.12, 636 on 0.5.9, 320 on 0.5.1;
-# pr31667: 303 on 0.5.12, 271 on 0.5.14; pr17732: 286 on 0.5.1, 447 on 0.5.8.post1; pr19107: 680 on 0.5.9),
+# pr31667: 303 on 0.5.12, 271 on 0.5.14; pr17732: 286 on 0.5.1, 447 on 0.5.8.post1; pr19107: 680 on 0.5.9;
+# xqa_workspace: 1636 on 0.5.22),
 # less a little: a generator that silently stops mutating fails here.
 FLOORS = {
     ("pr26521", INSTALLED): 350,
@@ -199,6 +217,7 @@ FLOORS = {
     ("pr17732", "0.5.1"): 275,
     ("pr17732", "0.5.8.post1"): 435,
     ("pr19107", "0.5.9"): 665,
+    ("xqa_workspace", "0.5.22"): 1620,
 }
 
 
@@ -686,6 +705,49 @@ class QueryRepair(ScaleRepair):
         )
 
 
+class WorkspaceRepair(ScaleRepair):
+    """xqa_workspace: the mutant compiled as ``workspace_cases`` compiles a release (in a folder
+    named after it, beside its other files), a target and a draft backend built by its own
+    ``__init__``, a prefill then a decode on each, on SM90: the workspace every kernel
+    receives (``workspace_cases.run``), against the mutant with 0.5.23's change inserted."""
+
+    hotfix = xqa_workspace.HOTFIX
+    STEPS = workspace_cases.STEPS[:2]
+
+    def __init__(self, release, source_root, tmp, monkeypatch):
+        forward_mode = isolated_release.load_forward_mode(source_root)
+        monkeypatch.setattr(isolated_release, "load_forward_mode", lambda release_dir: forward_mode)
+        self.release, self.tmp, self.cases = release, tmp, {}
+        # The release's own runtime context (SGLang's get_buffer) and paged views, read from its wheel.
+        self.files = {
+            member: fp8_cases.extra_file(source_root, member)
+            for member in (workspace_cases.RUNTIME_CONTEXT, workspace_cases.PAGED_VIEW)
+            if member != workspace_cases.PAGED_VIEW or release != "0.5.19"
+        }
+        self.files[isolated_release.FORWARD_BATCH_INFO] = source_root / isolated_release.FORWARD_BATCH_INFO
+
+    def load(self, folder):
+        fixed_dir = release_selection.release_dir(workspace_cases.FIXED_RELEASE)
+        try:
+            module = workspace_cases.load_module(folder)
+        except Exception as error:
+            return "the mutated module does not load (%s)" % _error(error)
+        try:
+            return module, workspace_cases.load_module(folder, oracle=True, fixed_dir=fixed_dir)
+        except Exception as error:
+            return "no oracle: upstream's change cannot be applied (%s)" % _error(error)
+
+    def observe(self, module):
+        observed = {}
+        for sm in ("sm90",):  # SM100, where the record changes nothing: test_xqa_workspace
+            try:
+                # A prefill then a decode on each backend: what the workspace goes through, once.
+                observed[sm] = workspace_cases.run(module, workspace_cases.Process(module, sm=sm), self.STEPS)
+            except Exception as error:
+                observed[sm] = "raised " + _error(error)
+        return observed
+
+
 def _kernel_calls(module, case):
     try:
         return fp8_cases.kernel_calls(module, case)
@@ -697,6 +759,8 @@ def _calls_difference(got, want):
     """Where two recordings (or errors) part, in words."""
     if isinstance(got, str) or isinstance(want, str):
         return "%s vs %s" % (got if isinstance(got, str) else "calls", want if isinstance(want, str) else "calls")
+    if not isinstance(got, list) or not isinstance(want, list):
+        return "%r vs %r" % (got, want) if len(repr(got)) < 300 else "the recordings differ"
     for (name, arguments), (oracle_name, oracle_arguments) in zip(got, want):
         if name != oracle_name:
             return "call %s vs %s" % (name, oracle_name)
@@ -741,7 +805,12 @@ def test_every_mutant_is_refused_or_repaired_exactly(name, release, release_sour
     elif name == "pr25103":
         repair = PoolRepair(text, tmp_path)
     else:  # the kernel-call records and pr19107: the installed release's files are named as its release
-        repair = {"pr31667": QueryRepair, "pr17732": StrideRepair, "pr19107": WriteRepair}.get(name, ScaleRepair)(
+        repair = {
+            "pr31667": QueryRepair,
+            "pr17732": StrideRepair,
+            "pr19107": WriteRepair,
+            "xqa_workspace": WorkspaceRepair,
+        }.get(name, ScaleRepair)(
             importlib.metadata.version("sglang") if release == INSTALLED else release, root, tmp_path, monkeypatch
         )
     # The differential can fail: unpatched, the unmutated code is not upstream's.

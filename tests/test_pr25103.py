@@ -57,7 +57,15 @@ def test_shipped_table_gives_every_release_its_verdict():
 def test_the_catalog_holds_every_record_on_one_watched_module():
     import sglang_hotfix_trtllm_autoload as autoload
 
-    assert [h.name for h in catalog.HOTFIXES] == ["pr26521", "pr25103", "pr28144", "pr31667", "pr17732", "pr19107"]
+    assert [h.name for h in catalog.HOTFIXES] == [
+        "pr26521",
+        "pr25103",
+        "pr28144",
+        "pr31667",
+        "pr17732",
+        "pr19107",
+        "xqa_workspace",
+    ]
     assert autoload.WATCHED_MODULES == {h.module for h in catalog.HOTFIXES} == {HOTFIX.module}
 
 

@@ -7,7 +7,15 @@ fmha_v2's workspace, by its own arguments)."""
 
 from . import pr17732, pr19107, pr25103, pr26521, pr28144, pr31667, xqa_workspace
 
-HOTFIXES = (pr26521.HOTFIX, pr25103.HOTFIX, pr28144.HOTFIX, pr31667.HOTFIX, pr17732.HOTFIX, pr19107.HOTFIX, xqa_workspace.HOTFIX)
+HOTFIXES = (
+    pr26521.HOTFIX,
+    pr25103.HOTFIX,
+    pr28144.HOTFIX,
+    pr31667.HOTFIX,
+    pr17732.HOTFIX,
+    pr19107.HOTFIX,
+    xqa_workspace.HOTFIX,
+)
 
 
 def for_module(module_name):

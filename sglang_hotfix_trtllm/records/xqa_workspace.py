@@ -186,7 +186,10 @@ def _upstream_workspace(module, construction, get_buffer, name):
 
 def _remember(workspace):
     key = id(workspace)
-    _allocated[key] = (weakref.ref(workspace, lambda _, key=key: _allocated.pop(key, None)), workspace[XQA_SEMAPHORE_BYTES:])
+    _allocated[key] = (
+        weakref.ref(workspace, lambda _, key=key: _allocated.pop(key, None)),
+        workspace[XQA_SEMAPHORE_BYTES:],
+    )
 
 
 _gate_class = []
@@ -264,6 +267,25 @@ def _names(node, name):
         or (isinstance(n, ast.alias) and name in (n.name.rpartition(".")[2], n.asname))
         or (isinstance(n, ast.Constant) and n.value == name)
     ]
+
+
+def _mentions_fmha_v2(tree):
+    """Any name, attribute or imported name of the module that speaks of fmha_v2 (0.5.19 on: the
+    kernel, ``use_fmha_v2``, its helpers); docstrings and comments do not count."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            names = (node.id,)
+        elif isinstance(node, ast.Attribute):
+            names = (node.attr,)
+        elif isinstance(node, ast.alias):
+            names = (node.name, node.asname or "")
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names = (node.name,)
+        else:
+            continue
+        if any("fmha_v2" in name for name in names):
+            return True
+    return False
 
 
 def _fmha_v2_calls(node):
@@ -351,16 +373,12 @@ def classify(tree):
     def verdict(value, reason):
         return Classification(value, reason, fingerprint, detect.first_line_of(init))
 
-    if not _names(tree, FMHA_V2_KERNEL):
+    if not _mentions_fmha_v2(tree):
         return verdict(
             Verdict.NOT_APPLICABLE, "this backend has no fmha_v2 prefill (added for SM90/SM120 in SGLang 0.5.19)"
         )
     calls = _fmha_v2_calls(extend)
-    if (
-        len(calls) == 1
-        and _workspace_argument(calls[0]) == "self.%s" % FIXED_ATTRIBUTE
-        and _slices_workspace(init)
-    ):
+    if len(calls) == 1 and _workspace_argument(calls[0]) == "self.%s" % FIXED_ATTRIBUTE and _slices_workspace(init):
         return verdict(
             Verdict.FIXED,
             "fmha_v2 gets its own view of the workspace, after XQA's semaphores (SGLang 0.5.23)",

@@ -30,6 +30,7 @@ Nothing of SGLang is copied here: every SGLang function that runs is compiled fr
 import ast
 import copy
 import enum
+import hashlib
 import types
 import typing
 
@@ -180,7 +181,9 @@ class _Envs:
 
     def __getattr__(self, name):
         return _Env(
-            {"SGLANG_FLASHINFER_WORKSPACE_SIZE": WORKSPACE_BYTES, "SGLANG_TRTLLM_MHA_DECODE_SEQ_LEN_SPLITS": 1}.get(name)
+            {"SGLANG_FLASHINFER_WORKSPACE_SIZE": WORKSPACE_BYTES, "SGLANG_TRTLLM_MHA_DECODE_SEQ_LEN_SPLITS": 1}.get(
+                name
+            )
         )
 
 
@@ -192,7 +195,8 @@ def _release_get_buffer(release_dir, buffers):
     context = next(
         n
         for n in tree.body
-        if isinstance(n, ast.ClassDef) and any(isinstance(f, ast.FunctionDef) and f.name == "get_buffer" for f in n.body)
+        if isinstance(n, ast.ClassDef)
+        and any(isinstance(f, ast.FunctionDef) and f.name == "get_buffer" for f in n.body)
     )
     method = _method(context, "get_buffer")
     namespace = {"Any": typing.Any}
@@ -238,7 +242,10 @@ def load_module(release_dir, oracle=False, fixed_dir=None):
         is_cp_active=lambda forward_batch: False,
         get_cp_strategy=lambda: None,
         make_persistent_multi_ctas_kv_counter_buffer=lambda device, **kwargs: torch.zeros(8, dtype=torch.int32),
-        **{name: getattr(typing, name) for name in ("TYPE_CHECKING", "Optional", "List", "Dict", "Tuple", "Union", "Any", "Callable")},
+        **{
+            name: getattr(typing, name)
+            for name in ("TYPE_CHECKING", "Optional", "List", "Dict", "Tuple", "Union", "Any", "Callable")
+        },
     )
     if "paged_kv_view" in ast.unparse(backend):
         functions = fp8_cases._compile_functions(
@@ -278,12 +285,11 @@ class Process:
     def _record(self, name, args, kwargs):
         workspace = kwargs["workspace_buffer"]
         shared = self.shared_workspace()
-        head = shared.view(torch.uint8)[: min(SEMAPHORES, shared.numel())]
-        self.calls.append(
-            (name, describe_workspace(workspace, shared), bool((head == 0).all()), describe(args), describe(
-                {k: v for k, v in kwargs.items() if k != "workspace_buffer"}
-            ))
-        )
+        # XQA's semaphores: the first 8 MiB of the process's workspace (all of it when smaller).
+        semaphores = shared.view(torch.uint8)[: min(SEMAPHORES, shared.numel())]
+        zero = not bool(semaphores.view(torch.int64).any())
+        others = {k: v for k, v in kwargs.items() if k != "workspace_buffer"}
+        self.calls.append((name, describe_workspace(workspace, shared), zero, describe(args), describe(others)))
         return workspace
 
     def _flashinfer(self):
@@ -307,16 +313,17 @@ class Process:
 
         return types.SimpleNamespace(
             decode=types.SimpleNamespace(trtllm_batch_decode_with_kv_cache=decode),
-            prefill=types.SimpleNamespace(
-                trtllm_fmha_v2_prefill=fmha_v2, trtllm_batch_context_with_kv_cache=context
-            ),
+            prefill=types.SimpleNamespace(trtllm_fmha_v2_prefill=fmha_v2, trtllm_batch_context_with_kv_cache=context),
         )
 
 
 def describe(value):
-    """Tensors as plain data (dtype, shape, strides, storage offset, values), recursively."""
+    """Tensors as plain data (dtype, shape, strides, storage offset, a digest of their values),
+    recursively."""
     if isinstance(value, torch.Tensor):
-        return ("tensor", str(value.dtype), tuple(value.shape), value.stride(), value.storage_offset(), value.tolist())
+        data = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        digest = hashlib.blake2b(data, digest_size=16).hexdigest()
+        return ("tensor", str(value.dtype), tuple(value.shape), value.stride(), value.storage_offset(), digest)
     if isinstance(value, dict):
         return {k: describe(v) for k, v in value.items()}
     if isinstance(value, (tuple, list)):
@@ -436,7 +443,10 @@ def _forward(module, backend, lengths, extend, seed):
     return method(q, k, v, layer(), forward_batch, save_kv_cache=False)
 
 
-def run(module, process, steps=(("extend", (130, 70)), ("decode", (131, 71)), ("extend", (40,)), ("decode", (41,)))):
+STEPS = (("extend", (130, 70)), ("decode", (131, 71)), ("extend", (40,)), ("decode", (41,)))
+
+
+def run(module, process, steps=STEPS):
     """A target backend and a draft backend (its own instance, one step id), each built by
     SGLang's ``__init__`` in one process; then ``steps`` on each: the recorded kernel calls."""
     pool = KVPool()
