@@ -30,7 +30,8 @@ SWITCHES_HELP = """environment variables read:
 STATUS_HELP = (
     """exit status:
   0  protected, or nothing to do (fixed, not-applicable)
-  1  affected, but a Python process started now would run it unpatched (disabled, excluded, no loader)
+  1  affected, but a Python process started now would run it unpatched (disabled, excluded, no loader),
+     or a bug the record recognises but cannot repair exactly here (unrepairable)
   2  the hotfix would refuse: unknown code, or wrapt missing or broken
   3  --source names a path that cannot be examined (missing, no backend file in it, unreadable),
      or a part of the folder cannot be read: the verdicts of what could be read are still printed
@@ -156,7 +157,11 @@ def status(arguments):
     if arguments.json:
         # The first record's report at the top level (the shape of format 1), and every
         # record's report under "hotfixes", so that the shape does not change with their number.
-        document = dict(reports[0], hotfixes=reports, headline=state.overall_headline(reports, worst))
+        # "headline" and "exit_status" are the answer across every record (the text's first line
+        # and the exit status): a script reads those, not the first record's "would_patch".
+        document = dict(
+            reports[0], hotfixes=reports, headline=state.overall_headline(reports, worst), exit_status=worst
+        )
         return _write_result(json.dumps(document, indent=2, sort_keys=True) + "\n", worst)
     return _write_result(state.overall_headline(reports, worst) + "\n\n" + "\n".join(texts), worst)
 

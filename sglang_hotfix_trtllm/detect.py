@@ -383,11 +383,15 @@ def _assess(hotfix, parsed, result):
     except Exception as error:  # a bug in a record must not take the host down
         return result(Verdict.UNKNOWN, "classifier failed: %s: %s" % (type(error).__name__, error))
     # A release table that cannot be read (ReleaseTable.problem) names no release; the verdict stands.
-    known = hotfix.known_fingerprints.get(classification.fingerprint)
-    releases = known[1] if known is not None and known[0] is classification.verdict else ()
+    table = hotfix.known_fingerprints
+    if hasattr(table, "releases_for"):
+        releases = table.releases_for(classification.fingerprint, classification.verdict)
+    else:  # a plain mapping (a record without a shipped table)
+        known = table.get(classification.fingerprint)
+        releases = known[1] if known is not None and known[0] is classification.verdict else ()
     reason = classification.reason
     if releases:
-        reason = "%s; code identical to SGLang %s" % (reason, _releases_text(releases))
+        reason = "%s; as in SGLang %s" % (reason, _releases_text(releases))
     return result(
         classification.verdict, reason, classification.fingerprint, classification.method_first_line, releases
     )

@@ -61,7 +61,7 @@ class Action(str, enum.Enum):
         return self.value
 
 
-# The actions that refuse: a warning (SGLang runs unpatched), or in strict mode a stopped import.
+# The actions that refuse: a warning (SGLang runs without the record's fix), or in strict mode a stopped import.
 REFUSALS = (Action.UNKNOWN_CODE, Action.WRAPT_UNUSABLE)
 
 
@@ -90,8 +90,15 @@ def decide(hotfix, assessment, current):
         return Decision(
             Action.EXCLUDED,
             "%s is set and does not name %s" % (switches.SGLANG_PLUGINS, switches.PLUGIN_NAME),
-            "not patching %s: %s=%r does not name %s (SGLang's plugin allowlist); add it there to enable the hotfix"
-            % (hotfix.target, switches.SGLANG_PLUGINS, os.environ.get(switches.SGLANG_PLUGINS), switches.PLUGIN_NAME),
+            "not patching %s for record %s: %s=%r does not name %s (SGLang's plugin allowlist); add it there to "
+            "enable the hotfix"
+            % (
+                hotfix.target,
+                hotfix.name,
+                switches.SGLANG_PLUGINS,
+                os.environ.get(switches.SGLANG_PLUGINS),
+                switches.PLUGIN_NAME,
+            ),
             # A known bug left unpatched by the allowlist deserves a WARNING; elsewhere it is only information.
             logging.WARNING if assessment.verdict in (Verdict.AFFECTED, Verdict.UNREPAIRABLE) else logging.INFO,
         )
@@ -99,9 +106,9 @@ def decide(hotfix, assessment, current):
         return Decision(
             Action.FIXED,
             "nothing to patch: the verdict is fixed",
-            "not patching %s: upstream already has the fix (%s; %s). Other records may still repair this SGLang: "
-            "once `sglang-hotfix-trtllm status` says NOTHING TO DO, the package can be removed: %s"
-            % (hotfix.target, _version_text(hotfix, path), assessment.reason, UNINSTALL_HINT),
+            "not patching %s for record %s: upstream already has the fix (%s; %s). Other records may still repair "
+            "this SGLang: once `sglang-hotfix-trtllm status` says NOTHING TO DO, the package can be removed: %s"
+            % (hotfix.target, hotfix.name, _version_text(hotfix, path), assessment.reason, UNINSTALL_HINT),
         )
     if assessment.verdict is Verdict.NOT_APPLICABLE:
         return Decision(Action.NOT_APPLICABLE, "nothing to patch: the verdict is not-applicable")
@@ -120,10 +127,11 @@ def decide(hotfix, assessment, current):
         return Decision(
             Action.UNKNOWN_CODE,
             "the code is not recognised: %s" % assessment.reason,
-            "not patching %s: code not recognised (%s, %s, fingerprint %s): %s. Run `sglang-hotfix-trtllm status` "
-            "for details"
+            "not patching %s for record %s: code not recognised (%s, %s, fingerprint %s): %s. Run "
+            "`sglang-hotfix-trtllm status` for details"
             % (
                 hotfix.target,
+                hotfix.name,
                 _version_text(hotfix, path) if path else hotfix.distribution,
                 path or "no source",
                 assessment.fingerprint,
@@ -136,7 +144,8 @@ def decide(hotfix, assessment, current):
         return Decision(
             Action.WRAPT_UNUSABLE,
             problem,
-            "could not patch %s (%s, %s): %s" % (hotfix.target, _version_text(hotfix, path), path, problem),
+            "could not patch %s for record %s (%s, %s): %s"
+            % (hotfix.target, hotfix.name, _version_text(hotfix, path), path, problem),
             logging.WARNING,
         )
     return Decision(Action.PATCH, "the verdict is affected and wrapt is available")
@@ -155,7 +164,13 @@ def _refuse(hotfix, strict, message, cause=None, once=True):
             "sglang-hotfix-trtllm (strict mode, %s=1): %s; the import of %s is stopped"
             % (switches.STRICT, message, hotfix.module)
         ) from cause
-    say(logging.WARNING, "%s; SGLang runs unpatched", message, once_key=("refused", hotfix.name) if once else None)
+    # Other records may have patched the same method: what is true is that this record's fix is missing.
+    say(
+        logging.WARNING,
+        "%s; SGLang runs without this record's fix",
+        message,
+        once_key=("refused", hotfix.name) if once else None,
+    )
 
 
 def handle(hotfix, module):
@@ -191,7 +206,8 @@ def handle(hotfix, module):
         _refuse(
             hotfix,
             current.strict,
-            "not patching %s (%s, %s): %s" % (hotfix.target, _version_text(hotfix, path), path, problem),
+            "not patching %s for record %s (%s, %s): %s"
+            % (hotfix.target, hotfix.name, _version_text(hotfix, path), path, problem),
             problem,
         )
         return "refused"
@@ -199,8 +215,8 @@ def handle(hotfix, module):
         _refuse(
             hotfix,
             current.strict,
-            "could not patch %s (%s, %s): %s: %s"
-            % (hotfix.target, _version_text(hotfix, path), path, type(error).__name__, error),
+            "could not patch %s for record %s (%s, %s): %s: %s"
+            % (hotfix.target, hotfix.name, _version_text(hotfix, path), path, type(error).__name__, error),
             error,
         )
         return "refused"
@@ -245,7 +261,8 @@ def on_module_imported(module, name=None):
                 _refuse(
                     hotfix,
                     switches.read().strict,
-                    "internal error while handling %s: %s: %s" % (hotfix.target, type(error).__name__, error),
+                    "internal error while handling %s for record %s: %s: %s"
+                    % (hotfix.target, hotfix.name, type(error).__name__, error),
                     error,
                     once=False,
                 )

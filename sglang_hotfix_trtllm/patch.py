@@ -348,6 +348,11 @@ def wrap(hotfix, module, assessment):
             setattr(cls, name, wrapper)
             _applied.append(entry)
             fresh = True
+        if (fresh or resumed) and hotfix.on_wrap is not None:
+            try:
+                hotfix.on_wrap(module)
+            except Exception:  # the record is in force; what on_wrap could not do stays as before
+                pass
         return "wrapped" if fresh or resumed else "already"
 
 

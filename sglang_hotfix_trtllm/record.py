@@ -107,6 +107,9 @@ class Hotfix(Value):
       others join that wrapper (one wrapt layer, one gate), each keeping its own verdict, switch,
       line, status block and metric. A site's wrapper is called as ``wrapper(module, joined,
       wrapped, instance, args, kwargs)``, ``joined.active`` naming the records on, in catalog order.
+    * ``on_wrap``: None, or ``on_wrap(module)``, called each time ``patch.wrap`` puts the record in
+      force (first wrap, or resumed after ``remove()``): for a record whose earlier repairs live on
+      in objects already made (xqa_workspace's workspaces) and need its gates back at once.
     """
 
     __slots__ = (
@@ -123,6 +126,7 @@ class Hotfix(Value):
         "also",
         "gates",
         "site",
+        "on_wrap",
     )
     _defaults = {
         "known_fingerprints": {},
@@ -132,6 +136,7 @@ class Hotfix(Value):
         "also": (),
         "gates": (),
         "site": None,
+        "on_wrap": None,
     }
 
     @property

@@ -19,6 +19,7 @@ class ReleaseTable(Mapping):
     def __init__(self, filename):
         self.path = os.path.join(os.path.dirname(os.path.abspath(__file__)), filename)
         self._by_fingerprint = None
+        self._by_verdict = {}  # (fingerprint, verdict) -> releases, oldest first
         self._rows = ()
         self.problem = None  # why the file could not be read, if it could not
 
@@ -29,12 +30,16 @@ class ReleaseTable(Mapping):
         try:
             with open(self.path, encoding="utf-8") as handle:
                 self._rows = tuple(json.load(handle)["releases"])
+            by_verdict = {}
             for row in self._rows:
                 verdict, releases = table.get(row["fingerprint"], (Verdict(row["verdict"]), ()))
                 table[row["fingerprint"]] = (verdict, releases + (row["release"],))
+                key = (row["fingerprint"], Verdict(row["verdict"]))
+                by_verdict[key] = by_verdict.get(key, ()) + (row["release"],)
+            self._by_verdict = by_verdict
         except (OSError, ValueError, KeyError, TypeError) as error:
             self.problem = "%s: %s: %s" % (self.path, type(error).__name__, error)
-            table, self._rows = {}, ()  # a damaged table is an empty one, rows and mapping alike
+            table, self._rows, self._by_verdict = {}, (), {}  # a damaged table is empty, rows and mapping alike
         self._by_fingerprint = table
         return table
 
@@ -44,6 +49,13 @@ class ReleaseTable(Mapping):
         the file cannot be read."""
         self._load()
         return self._rows
+
+    def releases_for(self, fingerprint, verdict):
+        """The releases whose code has this fingerprint and gets this verdict (a record may judge
+        one method's code by what else the module holds: pr19107's write is 0.5.6.post1's to
+        0.5.9's, affected only in 0.5.9)."""
+        self._load()
+        return self._by_verdict.get((fingerprint, verdict), ())
 
     def __getitem__(self, fingerprint):
         return self._load()[fingerprint]

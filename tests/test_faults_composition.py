@@ -365,7 +365,8 @@ def test_another_patcher_below_the_hotfix_makes_it_stand_aside_with_one_warning(
     assert not patch.is_patched(record.hotfix, record.cls)
     (warning,) = _warnings(lines)
     assert "stands aside" in warning or "replaced by someone else" in warning or "compiled from" in warning, warning
-    assert "SGLang runs unpatched" in warning and record.hotfix.target in warning
+    assert "SGLang runs without this record's fix" in warning and record.hotfix.target in warning
+    assert "for record %s" % record.hotfix.name in warning  # issue 36, item 4: the line names its record
     assert record.outcome() == "unpatched"  # and nothing raised on the way
 
 

@@ -233,3 +233,15 @@ def test_with_pr28144_on_the_methods_that_call_it_both_equal_upstreams_changes(r
     finally:
         assert patch.remove_all() == 3
     assert want and [n for n in want if got[n] != want[n]] == []
+
+
+@pytest.mark.parametrize(
+    "release, releases",
+    [("0.5.9", ("0.5.9",)), ("0.5.7", ("0.5.6.post1", "0.5.6.post2", "0.5.7", "0.5.8", "0.5.8.post1"))],
+)
+def test_the_releases_named_are_those_with_this_code_and_this_verdict(release, releases):
+    """Issue 36, item 5: 0.5.6.post1 to 0.5.9 share the write's fingerprint, but only 0.5.9 is
+    affected: 0.5.9 named no release, and the others named 0.5.9 among theirs."""
+    assessment = detect.assess_source(HOTFIX, str(release_selection.release_dir(release) / fp8_cases.BACKEND))
+    assert assessment.known_releases == releases, assessment.reason
+    assert ("as in SGLang %s" % releases[0]) in assessment.reason

@@ -89,8 +89,9 @@ def test_hand_made_variants_are_refused(variant):
 
 
 def test_upstream_change_inserted_into_an_affected_release_reads_fixed():
-    """The oracle is 0.5.23's change in substance: the record's own analysis calls it fixed."""
-    tree = workspace_cases.upstream_fix(ast.parse(_source("0.5.19")), ast.parse(_source(workspace_cases.FIXED_RELEASE)))
+    """The oracle is 0.5.23's change in substance: the record's own analysis calls it fixed (0.5.22,
+    which sets is_xqa_impl before the allocation, as 0.5.23 does)."""
+    tree = workspace_cases.upstream_fix(ast.parse(_source("0.5.22")), ast.parse(_source(workspace_cases.FIXED_RELEASE)))
     assert xqa_workspace.classify(tree).verdict is Verdict.FIXED
 
 
@@ -214,3 +215,64 @@ def test_other_arguments_are_sglangs_own_objects():
         kwargs["workspace_buffer"].untyped_storage().data_ptr() == backend.workspace_buffer.untyped_storage().data_ptr()
     )
     assert isinstance(args[0], tuple) and torch.is_tensor(args[0][0])
+
+
+def test_remove_then_apply_gives_fmha_v2_the_view_again_at_once():
+    """A review found that after remove() then apply() no new __init__ put fmha_v2's gate back: the
+    workspaces already allocated went back to sharing XQA's semaphores while is_patched said True."""
+    module, process = _module()
+    patch.wrap(HOTFIX, module, detect.assess_module(HOTFIX, module))
+    try:
+        backend = module.TRTLLMHAAttnBackend(workspace_cases.model_runner(module, workspace_cases.KVPool()))
+        patch.remove_all()
+        patch.wrap(HOTFIX, module, detect.assess_module(HOTFIX, module))
+        workspace_cases._forward(module, backend, (100,), True, 0)
+        workspace_cases._forward(module, backend, (101,), False, 1)
+    finally:
+        patch.remove_all()
+    (prefill, decode) = process.calls
+    assert prefill[1][3] == workspace_cases.SEMAPHORES and decode[2]  # the view; XQA's semaphores zero
+
+
+FORKS = {
+    "the view at offset 0": ("self.workspace_buffer[semaphore_bytes:]", "self.workspace_buffer[0:]"),
+    "no reserve": ("_XQA_SEMAPHORE_BYTES if self.is_xqa_impl else 0", "0"),
+    "a reserve of another size": ("_XQA_SEMAPHORE_BYTES = 8 * 1024 * 1024", "_XQA_SEMAPHORE_BYTES = 8 * 1024"),
+}
+
+
+@pytest.mark.parametrize("fork", sorted(FORKS))
+def test_forks_of_the_fix_that_still_share_the_semaphores_are_not_called_fixed(fork):
+    old, new = FORKS[fork]
+    text = _source(workspace_cases.FIXED_RELEASE)
+    assert text.count(old) == 1
+    classification = xqa_workspace.classify(ast.parse(text.replace(old, new)))
+    assert classification.verdict is Verdict.UNKNOWN, classification.reason
+
+
+def test_the_record_holds_its_workspaces_weakly():
+    module, process = _module()
+    patch.wrap(HOTFIX, module, detect.assess_module(HOTFIX, module))
+    try:
+        backend = module.TRTLLMHAAttnBackend(workspace_cases.model_runner(module, workspace_cases.KVPool()))
+    finally:
+        patch.remove_all()
+    assert len(xqa_workspace._allocated) >= 1
+    workspace = backend.workspace_buffer
+    del backend
+    process.buffers.clear()
+    key = id(workspace)
+    del workspace
+    assert key not in xqa_workspace._allocated
+
+
+def test_a_call_sglang_rejects_raises_its_error_and_says_nothing(caplog):
+    module, _ = _module()
+    patch.wrap(HOTFIX, module, detect.assess_module(HOTFIX, module))
+    try:
+        with caplog.at_level(logging.WARNING, logger="sglang_hotfix_trtllm"):
+            with pytest.raises(TypeError):
+                module.TRTLLMHAAttnBackend(None, 1, 2, 3, 4, 5)
+    finally:
+        patch.remove_all()
+    assert [r.getMessage() for r in caplog.records] == []

@@ -94,18 +94,32 @@ def note_the_call(module, joined, wrapped, instance, args, kwargs):
     except Exception:
         alone = False  # asked again below, where a call the tests cannot read runs SGLang's own
     if alone:
-        return wrapped(*args, **kwargs)
+        return _run_unnoted(wrapped, args, kwargs)
     try:
         backend, q, layer, forward_batch = (
             _arguments(*args, **kwargs) if instance is None else _arguments(instance, *args, **kwargs)
         )
         needed = tuple(name for name in active if _NEEDS[name](backend, layer, q, wrapped))
     except Exception:
-        return wrapped(*args, **kwargs)  # SGLang's method raises its own error, or runs as it would
+        return _run_unnoted(wrapped, args, kwargs)  # SGLang's method raises its own error, or runs as it would
     if not needed:
-        return wrapped(*args, **kwargs)
+        return _run_unnoted(wrapped, args, kwargs)
     call = Call(wrapped, backend, q, layer, forward_batch, needed)
     return (_run_noted or _noted_runner())(module, wrapped, args, kwargs, call)
+
+
+def _run_unnoted(wrapped, args, kwargs):
+    """SGLang's method for a call no record repairs. Inside another call's note (foreign code between
+    that method's start and its kernel call called this one: a KV-pool hook, an accuracy checker),
+    the note is lifted for this call's duration: its kernel must get its own arguments, and the
+    outer call's repair stays for the outer call's kernel."""
+    if _current_call.get() is None:
+        return wrapped(*args, **kwargs)
+    token = _current_call.set(None)
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        _current_call.reset(token)
 
 
 def _skipped(call, error, kind, records=None):
@@ -124,10 +138,11 @@ def _run_noted_call(module, wrapped, args, kwargs, call):
         result = wrapped(*args, **kwargs)
     finally:
         _current_call.reset(token)
-    if not call.used:
+    if not call.used and _gate_on(module):
         # Every release these records accept calls one kernel per call, through the module's
         # ``flashinfer``: a call that returned without passing the gate reached the kernel some
-        # other way (the global replaced after the gate went in), unrepaired.
+        # other way (the global replaced after the gate went in), unrepaired. (With the gate off,
+        # remove() ran during the call: it ran as with the records off, as the operator asked.)
         _skipped(call, LookupError("the kernel call did not pass the gate"), "no-gate")
     return result
 
@@ -153,11 +168,16 @@ def _noted_runner():
     return runner
 
 
+def _gate_on(module):
+    """The module's ``flashinfer`` is our gate and ``remove()`` has not turned it off."""
+    current = module.__dict__.get(GATED_GLOBAL)
+    return type(current) is _gate_classes.get("flashinfer") and current._self_hotfix_on
+
+
 def _gate_in_place(module, needed):
     """The gate is the module's ``flashinfer`` (put there now if it is not yet: the first call
     that needs a repair arms it). False when it cannot be put there."""
-    current = module.__dict__.get(GATED_GLOBAL)
-    if type(current) is _gate_classes.get("flashinfer") and current._self_hotfix_on:
+    if _gate_on(module):
         return True
     from .. import patch
     from . import catalog

@@ -28,10 +28,10 @@ KV head. Upstream's fix, in 0.5.23::
 
 The repair, in two places, each where upstream's value is made:
 
-* ``__init__`` is wrapped. On XQA (the expression above, asked of the module's ``get_platform``) the
-  call is noted while SGLang's ``__init__`` runs, and the module's ``get_buffer`` (a gate, armed by
-  the first such call) hands the workspace's ``get_buffer`` call upstream's factory instead of the
-  release's: ``torch.zeros(8 MiB + self.workspace_size, dtype=torch.uint8, device=model_runner.device)``.
+* ``__init__`` is wrapped: the call is noted while SGLang's ``__init__`` runs, and the module's
+  ``get_buffer`` (a gate, armed by the first ``__init__``; it passes every other call through) hands
+  the workspace's ``get_buffer`` call, on XQA (the expression above, asked of the module's
+  ``get_platform`` at that call), upstream's factory instead of the release's: ``torch.zeros(8 MiB + self.workspace_size, dtype=torch.uint8, device=model_runner.device)``.
   ``get_buffer`` is SGLang's own, so the buffer is still one per process, shared by the draft's
   backend, allocated once (8 MiB more, never the old size and the new both), before any CUDA graph
   is captured (the hotfix wraps when the backend module is imported). Off XQA (SM100) nothing
@@ -94,12 +94,15 @@ class _Construction:
 
 
 _current_construction = contextvars.ContextVar("sglang_hotfix_trtllm_workspace_construction", default=None)
-# id(workspace) -> (weak reference to it, the view fmha_v2 gets): the workspaces this record allocated.
+# id(workspace) -> a weak reference to it: the workspaces this record allocated.
 _allocated = {}
 
 
-def _model_runner(self, model_runner, *args, **kwargs):
-    """Binds ``__init__``'s first parameter as every affected release names it (pinned by fingerprint)."""
+def _model_runner(
+    self, model_runner, skip_prefill=False, kv_indptr_buf=None, kv_last_page_len_buf=None, speculative_step_id=0
+):
+    """Binds ``__init__``'s parameters as every affected release declares them (pinned by
+    fingerprint): a call SGLang rejects is left to SGLang's own error."""
     return model_runner
 
 
@@ -125,14 +128,34 @@ def allocate_as_upstream(module, wrapped, instance, args, kwargs):
     construction = _Construction(instance, model_runner)
     token = _current_construction.set(construction)
     try:
-        return wrapped(*args, **kwargs)
+        result = wrapped(*args, **kwargs)
     finally:
         _current_construction.reset(token)
-        outcome = construction.outcome
-        if outcome is None:
-            outcome = "the workspace's get_buffer call did not pass the gate"
-        if outcome not in ("allocated", "shared", "not-xqa", "no-flashinfer"):
-            logs.repair_skipped(HOTFIX.target, NAME, LookupError(outcome), "not-allocated")
+    # Said only when SGLang's __init__ returned (else its own error says what happened) and the
+    # record is still on (remove() meanwhile is the operator's choice); each kind of outcome once
+    # per process on its own, so that one never hides another.
+    outcome = construction.outcome
+    if outcome is None:
+        outcome = ("no-gate", "the workspace's get_buffer call did not pass the gate")
+    if isinstance(outcome, tuple) and _gate_on(module, BUFFER_GLOBAL):
+        logs.repair_skipped(HOTFIX.target, NAME, LookupError(outcome[1]), outcome[0])
+    return result
+
+
+def _gate_on(module, name):
+    """The record's gate is the module's ``get_buffer`` and ``remove()`` has not turned it off."""
+    current = vars(module).get(name)
+    return bool(_gate_class) and type(current) is _gate_class[0] and current._self_hotfix_on
+
+
+def rearm(module):
+    """Called by ``patch.wrap`` each time the record is (re)applied: workspaces it allocated before a
+    ``remove()`` live on in their backends, so fmha_v2's gate goes back at once (no new ``__init__``
+    would put it back)."""
+    if any(ref() is not None for ref in list(_allocated.values())) and site.GATED_GLOBAL in vars(module):
+        from .. import patch
+
+        patch.arm_gates(HOTFIX, module, (site.GATED_GLOBAL,))
 
 
 def _bind_get_buffer(name, factory):
@@ -141,19 +164,19 @@ def _bind_get_buffer(name, factory):
 
 def _not_needed(module):
     """None when the workspace must be allocated as 0.5.23 does (on XQA, with FlashInfer's gate in
-    place); else "not-xqa" / "no-flashinfer" (upstream's allocation is the release's there) or why
-    the repair cannot be made."""
+    place); else "not-xqa" (upstream's allocation is the release's there), "no-flashinfer" (no
+    kernel can run, so none is repaired), or (kind, why) the repair cannot be made."""
     from .. import patch
 
     try:
         if not _on_xqa(module):
             return "not-xqa"  # SM100: 0.5.23's semaphore_bytes is 0
     except Exception as error:  # SGLang's own __init__ asks the same and meets the same
-        return "get_platform() failed: %s: %s" % (type(error).__name__, error)
+        return ("platform", "get_platform() failed: %s: %s" % (type(error).__name__, error))
     if site.GATED_GLOBAL not in vars(module):
-        return "no-flashinfer"  # no FlashInfer kernel can run in this process
+        return "no-flashinfer"  # no FlashInfer kernel can run in this process: nothing to repair
     if not patch.arm_gates(HOTFIX, module, (site.GATED_GLOBAL,)):
-        return "the hotfix's gate could not be put in %s.%s" % (site.MODULE, site.GATED_GLOBAL)
+        return ("no-gate", "the hotfix's gate could not be put in %s.%s" % (site.MODULE, site.GATED_GLOBAL))
     return None
 
 
@@ -174,22 +197,22 @@ def _upstream_workspace(module, construction, get_buffer, name):
     if made and workspace is made[0]:
         _remember(workspace)
         construction.outcome = "allocated"
-    elif entry is not None and entry[0]() is workspace:
+    elif entry is not None and entry() is workspace:
         construction.outcome = "shared"  # allocated by an earlier instance, with the record
     else:
         construction.outcome = (
+            "preallocated",
             "the process's shared workspace was allocated before the hotfix was in force (it is never "
-            "swapped: CUDA graphs may hold it); XQA and fmha_v2 keep sharing it until the process restarts"
+            "swapped: CUDA graphs may hold it); XQA and fmha_v2 keep sharing it until the process restarts",
         )
     return workspace
 
 
 def _remember(workspace):
+    # Only a weak reference: a view kept here would keep the workspace's memory alive after SGLang
+    # dropped it (an engine rebuilt in the same process).
     key = id(workspace)
-    _allocated[key] = (
-        weakref.ref(workspace, lambda _, key=key: _allocated.pop(key, None)),
-        workspace[XQA_SEMAPHORE_BYTES:],
-    )
+    _allocated[key] = weakref.ref(workspace, lambda _, key=key: _allocated.pop(key, None))
 
 
 _gate_class = []
@@ -237,9 +260,9 @@ def fmha_v2_workspace(kwargs):
     of a workspace this record allocated; SGLang's own arguments otherwise."""
     workspace = kwargs.get("workspace_buffer")
     entry = _allocated.get(id(workspace))
-    if entry is None or entry[0]() is not workspace:
+    if entry is None or entry() is not workspace:
         return kwargs
-    return dict(kwargs, workspace_buffer=entry[1])
+    return dict(kwargs, workspace_buffer=workspace[XQA_SEMAPHORE_BYTES:])  # 0.5.23's view, made as it makes it
 
 
 site.register_argument_repair(FMHA_V2_SUBMODULE, FMHA_V2_KERNEL, fmha_v2_workspace)
@@ -301,20 +324,68 @@ def _workspace_argument(call):
     return ast.unparse(found[0]) if len(found) == 1 else None
 
 
-def _slices_workspace(init):
-    """``__init__`` assigns ``self.fmha_v2_workspace_buffer = self.workspace_buffer[<lower>:]``."""
-    for node in ast.walk(init):
+def _top_level(init, text):
+    """The statement of ``__init__``'s own body (not under another) whose source is ``text``."""
+    return [statement for statement in init.body if ast.unparse(statement) == text]
+
+
+def _semaphore_constant(tree):
+    """The module's ``_XQA_SEMAPHORE_BYTES``, bound once at its top level to 8 MiB (a product of
+    integer literals, as 0.5.23 writes it), else None."""
+    bound = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Name) and node.id == "_XQA_SEMAPHORE_BYTES" and not isinstance(node.ctx, ast.Load)
+    ]
+    for statement in tree.body:
         if (
-            isinstance(node, ast.Assign)
-            and [ast.unparse(t) for t in node.targets] == ["self.%s" % FIXED_ATTRIBUTE]
-            and isinstance(node.value, ast.Subscript)
-            and ast.unparse(node.value.value) == "self.workspace_buffer"
-            and isinstance(node.value.slice, ast.Slice)
-            and node.value.slice.lower is not None
-            and node.value.slice.upper is None
+            isinstance(statement, ast.Assign)
+            and len(bound) == 1
+            and [ast.unparse(t) for t in statement.targets] == ["_XQA_SEMAPHORE_BYTES"]
         ):
-            return True
-    return False
+            value = _product(statement.value)
+            return value if value == XQA_SEMAPHORE_BYTES else None
+    return None
+
+
+def _product(node):
+    """An integer literal or a product of them, evaluated; else None."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        left, right = _product(node.left), _product(node.right)
+        return None if left is None or right is None else left * right
+    return None
+
+
+def _fixed_in_substance(tree, init, extend):
+    """0.5.23's change, in substance: 8 MiB set aside when ``self.is_xqa_impl``, in the allocation
+    and in fmha_v2's view, all in ``__init__``'s own body, and fmha_v2 (named nowhere else) given that
+    view. A fork with the view at offset 0, the reserve dropped or the view in a dead branch is not."""
+    if _semaphore_constant(tree) is None:
+        return False
+    reserve = _top_level(init, "semaphore_bytes = _XQA_SEMAPHORE_BYTES if self.is_xqa_impl else 0")
+    view = _top_level(init, "self.%s = self.workspace_buffer[semaphore_bytes:]" % FIXED_ATTRIBUTE)
+    allocation = [
+        s
+        for s in init.body
+        if isinstance(s, ast.Assign)
+        and [ast.unparse(t) for t in s.targets] == ["self.workspace_buffer"]
+        and WORKSPACE_NAME in ast.unparse(s.value)
+        and "semaphore_bytes + self.workspace_size" in ast.unparse(s.value)
+    ]
+    if len(reserve) != 1 or len(view) != 1 or len(allocation) != 1:
+        return False
+    order = [init.body.index(reserve[0]), init.body.index(allocation[0]), init.body.index(view[0])]
+    if order != sorted(order):
+        return False
+    calls = _fmha_v2_calls(extend)
+    inside = {id(n) for n in ast.walk(extend)}
+    return (
+        len(calls) == 1
+        and _workspace_argument(calls[0]) == "self.%s" % FIXED_ATTRIBUTE
+        and not [n for n in _names(tree, FMHA_V2_KERNEL) if id(n) not in inside]
+    )
 
 
 def _get_buffer_problem(tree):
@@ -377,8 +448,7 @@ def classify(tree):
         return verdict(
             Verdict.NOT_APPLICABLE, "this backend has no fmha_v2 prefill (added for SM90/SM120 in SGLang 0.5.19)"
         )
-    calls = _fmha_v2_calls(extend)
-    if len(calls) == 1 and _workspace_argument(calls[0]) == "self.%s" % FIXED_ATTRIBUTE and _slices_workspace(init):
+    if _fixed_in_substance(tree, init, extend):
         return verdict(
             Verdict.FIXED,
             "fmha_v2 gets its own view of the workspace, after XQA's semaphores (SGLang 0.5.23)",
@@ -400,7 +470,7 @@ HOTFIX = Hotfix(
     upstream=UPSTREAM,
     summary="on SM90/SM120, TRT-LLM MHA's fmha_v2 prefill no longer writes into XQA decode's semaphores "
     "(8 MiB more workspace, fmha_v2 gets the part after them)",
-    effect="the shared workspace holds 8 MiB for XQA's semaphores and fmha_v2 gets the part after them",
+    effect="on SM90/SM120 the shared workspace holds 8 MiB for XQA's semaphores and fmha_v2 gets the part after them",
     distribution="sglang",
     target="%s.%s.%s" % (site.MODULE, CLASS_NAME, METHOD),
     # Both armed by the first __init__ on XQA: get_buffer's for the allocation, FlashInfer's (the
@@ -408,5 +478,6 @@ HOTFIX = Hotfix(
     gates=((BUFFER_GLOBAL, make_buffer_gate), (site.GATED_GLOBAL, site.make_gate)),
     classify=classify,
     wrapper=allocate_as_upstream,
+    on_wrap=rearm,
     known_fingerprints=ReleaseTable(os.path.join(os.path.dirname(os.path.abspath(__file__)), NAME + "_releases.json")),
 )

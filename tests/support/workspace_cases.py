@@ -119,9 +119,13 @@ def upstream_fix(tree, fixed_tree):
     assert ast.unparse(upstream[0]).startswith("semaphore_bytes = ") and "fmha_v2_workspace_buffer" in ast.unparse(
         upstream[2]
     ), [ast.unparse(s) for s in upstream]
-    upstream = [ast.fix_missing_locations(_XqaExpression(xqa).visit(s)) for s in upstream]
     body = next(body for body in _statement_lists(init) if any(map(_is_workspace_allocation, body)))
     at = next(i for i, s in enumerate(body) if _is_workspace_allocation(s))
+    xqa_set_before = any(
+        isinstance(s, ast.Assign) and [ast.unparse(t) for t in s.targets] == ["self.is_xqa_impl"] for s in body[:at]
+    )
+    if not xqa_set_before:  # 0.5.19, 0.5.20: not yet set there; the release's own expression for it
+        upstream = [ast.fix_missing_locations(_XqaExpression(xqa).visit(s)) for s in upstream]
     for statement in upstream:
         ast.copy_location(statement, body[at])
         for node in ast.walk(statement):

@@ -1,0 +1,86 @@
+"""Issue 36 (trust, round 3), items 2 and 3: what one call of the kernel-call site's methods may do
+to another, and what ``remove()`` with a call in flight says.
+
+The site notes a call that needs a repair for its duration; the gate then repairs the first kernel
+call made under that note. Foreign code running inside the method before its kernel call (a
+KV-pool hook, an accuracy checker) may call another layer's ``forward_decode``: that inner call
+must get its own arguments (SGLang's, where it needs no repair), and the outer call its repair.
+SGLang 0.5.12's own module (``fp8_cases``), pr31667 applied, XQA, a strided query (needs the
+repair) around a packed one (needs none).
+"""
+
+import logging
+
+import torch
+
+import fp8_cases
+import release_selection
+from sglang_hotfix_trtllm import detect, patch
+from sglang_hotfix_trtllm.records import pr31667
+
+HOTFIX = pr31667.HOTFIX
+RELEASE = "0.5.12"
+
+
+def _case(layout):
+    cases = fp8_cases.cases(RELEASE)
+    return next(
+        c
+        for c in cases.values()
+        if c.mode == "decode"
+        and c.kv == "bf16"
+        and c.scales == "absent"
+        and c.xqa
+        and not c.save_kv_cache
+        and c.layout == layout
+    )
+
+
+def _call(module, case, seed, pool_hook=None):
+    generator = torch.Generator().manual_seed(seed)
+    pool = fp8_cases.KVPool(fp8_cases.CallLog(), fp8_cases.KV_DTYPES[case.kv], generator)
+    if pool_hook is not None:
+        original = pool.get_kv_buffer
+        pool.get_kv_buffer = lambda layer_id: (pool_hook(), original(layer_id))[1]
+    q, k, v = fp8_cases.inputs(case, generator)
+    backend = fp8_cases._backend(module, case, pool)
+    layer, batch = fp8_cases._layer(case), fp8_cases._forward_batch(module, case, pool)
+    return lambda: backend.forward_decode(q, k, v, layer, batch, save_kv_cache=False, sinks=None), q
+
+
+def _queries(module):
+    """The query each kernel call received, in order."""
+    return [arguments["query"] for name, arguments in fp8_cases._LOGS[module] if name.startswith("decode.")]
+
+
+def test_a_nested_call_needing_no_repair_gets_its_own_arguments_and_the_outer_call_its_repair():
+    module = fp8_cases.load_backend_module(release_selection.release_dir(RELEASE))
+    inner, inner_q = _call(module, _case("packed"), 1)
+    outer, outer_q = _call(module, _case("strided"), 2, pool_hook=inner)
+    patch.wrap(HOTFIX, module, detect.assess_module(HOTFIX, module))
+    try:
+        del fp8_cases._LOGS[module][:]
+        outer()
+    finally:
+        patch.remove_all()
+    inner_seen, outer_seen = _queries(module)
+    # The inner call: SGLang's own query (its reshape of a packed q), not the outer call's.
+    assert inner_seen.data_ptr() == inner_q.data_ptr() and torch.equal(inner_seen.flatten(1), inner_q)
+    # The outer call: 0.5.16's packed query, its own values.
+    assert outer_seen.is_contiguous()
+    assert torch.equal(outer_seen.flatten(1), outer_q)
+
+
+def test_remove_with_a_call_in_flight_says_nothing_of_a_failure(caplog):
+    """remove() while a noted call runs: that call finishes as with the record off, and no WARNING
+    says the kernel call missed the gate (the operator removed the hotfix on purpose)."""
+    module = fp8_cases.load_backend_module(release_selection.release_dir(RELEASE))
+    outer, _ = _call(module, _case("strided"), 3, pool_hook=lambda: patch.remove_all())
+    patch.wrap(HOTFIX, module, detect.assess_module(HOTFIX, module))
+    try:
+        with caplog.at_level(logging.DEBUG, logger="sglang_hotfix_trtllm"):
+            outer()
+    finally:
+        patch.remove_all()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings == []
