@@ -31,7 +31,8 @@ The repair, in two places, each where upstream's value is made:
 * ``__init__`` is wrapped: the call is noted while SGLang's ``__init__`` runs, and the module's
   ``get_buffer`` (a gate, armed by the first ``__init__``; it passes every other call through) hands
   the workspace's ``get_buffer`` call, on XQA (the expression above, asked of the module's
-  ``get_platform`` at that call), upstream's factory instead of the release's: ``torch.zeros(8 MiB + self.workspace_size, dtype=torch.uint8, device=model_runner.device)``.
+  ``get_platform`` at that call), upstream's factory instead of the release's:
+  ``torch.zeros(8 MiB + self.workspace_size, dtype=torch.uint8, device=model_runner.device)``.
   ``get_buffer`` is SGLang's own, so the buffer is still one per process, shared by the draft's
   backend, allocated once (8 MiB more, never the old size and the new both), before any CUDA graph
   is captured (the hotfix wraps when the backend module is imported). Off XQA (SM100) nothing
