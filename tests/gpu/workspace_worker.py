@@ -245,33 +245,14 @@ class KVPool:
         return self.k, self.v
 
 
+def _fmha_v2_workspace(shared):
+    """What the record's repair gives fmha_v2 for the process's workspace (None: SGLang's own)."""
+    given = xqa_workspace.fmha_v2_workspace({"workspace_buffer": shared})["workspace_buffer"]
+    return None if given is shared else given
+
+
 def model_runner(pool, device, context_len, draft=False):
-    config = types.SimpleNamespace(
-        context_len=context_len,
-        hidden_size=HEADS * HEAD_DIM,
-        num_attention_heads=HEADS,
-        head_dim=HEAD_DIM,
-        v_head_dim=HEAD_DIM,
-        get_num_kv_heads=lambda tp: KV_HEADS,
-    )
-    return types.SimpleNamespace(
-        model_config=config,
-        kv_cache_dtype=torch.bfloat16,
-        dtype=torch.bfloat16,
-        page_size=PAGE,
-        req_to_token_pool=types.SimpleNamespace(
-            req_to_token=torch.zeros(32, context_len, dtype=torch.int32, device=device)
-        ),
-        device=device,
-        model=types.SimpleNamespace(modules=lambda: iter(())),
-        token_to_kv_pool=pool,
-        token_to_kv_pool_allocator=types.SimpleNamespace(get_kvcache=lambda: pool),
-        is_draft_worker=draft,
-        spec_algorithm=types.SimpleNamespace(is_frozen_kv_mtp=lambda: False),
-        max_running_requests=32,
-        prefill_attention_backend_str="trtllm_mha",
-        decode_attention_backend_str="trtllm_mha",
-    )
+    return wc.model_runner(None, pool, draft, device=device, context_len=context_len, requests=32)
 
 
 class Batch:
@@ -414,7 +395,7 @@ def run(arm, dry_run, workspace_mib, seed=20261202):
         "target_is_shared": target.workspace_buffer is shared,
         "draft_is_shared": draft.workspace_buffer is shared,
         "fmha_v2_view_oracle": view_facts(getattr(target, "fmha_v2_workspace_buffer", None), shared),
-        "fmha_v2_view_record": view_facts((xqa_workspace._allocated.get(id(shared)) or (None, None))[1], shared),
+        "fmha_v2_view_record": view_facts(_fmha_v2_workspace(shared), shared),
     }
 
     decodes = {}

@@ -355,9 +355,10 @@ def describe_workspace(workspace, shared):
 # The backends and their calls
 
 
-def model_runner(module, pool, draft=False):
+def model_runner(module, pool, draft=False, device="cpu", context_len=2048, requests=8):
+    """SGLang's model runner as ``__init__`` reads it (a namespace; the GPU worker's too)."""
     config = types.SimpleNamespace(
-        context_len=2048,
+        context_len=context_len,
         hidden_size=HEADS * HEAD_DIM,
         num_attention_heads=HEADS,
         head_dim=HEAD_DIM,
@@ -369,14 +370,16 @@ def model_runner(module, pool, draft=False):
         kv_cache_dtype=torch.bfloat16,
         dtype=torch.bfloat16,
         page_size=PAGE,
-        req_to_token_pool=types.SimpleNamespace(req_to_token=torch.zeros(8, 2048, dtype=torch.int32)),
-        device="cpu",
+        req_to_token_pool=types.SimpleNamespace(
+            req_to_token=torch.zeros(requests, context_len, dtype=torch.int32, device=device)
+        ),
+        device=device,
         model=types.SimpleNamespace(modules=lambda: iter(())),
         token_to_kv_pool=pool,
         token_to_kv_pool_allocator=types.SimpleNamespace(get_kvcache=lambda: pool),
         is_draft_worker=draft,
         spec_algorithm=types.SimpleNamespace(is_frozen_kv_mtp=lambda: False),
-        max_running_requests=8,
+        max_running_requests=requests,
         prefill_attention_backend_str="trtllm_mha",
         decode_attention_backend_str="trtllm_mha",
     )
