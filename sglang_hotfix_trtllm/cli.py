@@ -32,7 +32,8 @@ STATUS_HELP = (
   0  protected, or nothing to do (fixed, not-applicable)
   1  affected, but a Python process started now would run it unpatched (disabled, excluded, no loader),
      or a bug the record recognises but cannot repair exactly here (unrepairable)
-  2  the hotfix would refuse: unknown code, or wrapt missing or broken
+  2  the hotfix would refuse: unknown code, or wrapt missing or broken; or this Python has no SGLang
+     (the plugin installed with another interpreter's pip)
   3  --source names a path that cannot be examined (missing, no backend file in it, unreadable),
      or a part of the folder cannot be read: the verdicts of what could be read are still printed
 
@@ -45,7 +46,8 @@ VERIFY_HELP = (
   0  for every record, the patched method equals upstream's fix, or there is nothing to verify
      (fixed, not-applicable)
   1  it does not, or a switch turns a record off (SGLANG_HOTFIX_TRTLLM_DISABLE, SGLANG_PLUGINS)
-  2  torch or SGLang cannot be imported, the code is unknown, or the probe failed
+  2  torch or SGLang cannot be imported (or this Python has no SGLang), the code is unknown, or the
+     probe failed
 
 """
     + SWITCHES_HELP
@@ -142,7 +144,9 @@ def status(arguments):
     with detect.shared_parses():  # the records read one file: parse it once
         assessed = [(hotfix,) + state.of_environment(hotfix) for hotfix in catalog.HOTFIXES]
     for hotfix, report, assessment, code in assessed:
-        if code == state.EXIT_ERROR:
+        if code == state.EXIT_ERROR and not report["sglang_installed"]:
+            pass  # said once, below: no record has anything of its own to add
+        elif code == state.EXIT_ERROR:
             diagnose(
                 "%s: %s: %s"
                 % (
@@ -154,6 +158,8 @@ def status(arguments):
         reports.append(report)
         texts.append(_human(report, state))
         worst = max(worst, code)
+    if not any(report["sglang_installed"] for report in reports):
+        diagnose(state.overall_headline(reports, worst))
     if arguments.json:
         # The first record's report at the top level (the shape of format 1), and every
         # record's report under "hotfixes", so that the shape does not change with their number.

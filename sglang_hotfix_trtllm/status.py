@@ -10,6 +10,7 @@ wrapping: a missing or broken wrapt is then reported, not promised away.
 import contextlib
 import os
 import stat
+import sys
 
 from . import __version__, detect, engine, launcher, source, switches
 from .record import Verdict
@@ -133,7 +134,18 @@ def of_environment(hotfix):
             "covered_processes": coverage,
         }
     )
-    return report, assessment, exit_status(assessment, decision, patched)
+    report["sglang_installed"] = _sglang_installed(hotfix)
+    code = exit_status(assessment, decision, patched)
+    if not report["sglang_installed"]:
+        # The plugin in a Python without SGLang (another interpreter's pip): nothing here is
+        # protected, and saying NOTHING TO DO would pass a Dockerfile's `&& status` check.
+        code = EXIT_ERROR
+    return report, assessment, code
+
+
+def _sglang_installed(hotfix):
+    """Whether this interpreter finds the distribution's top-level package (never imported)."""
+    return bool(source.locate(hotfix.module).package_found)
 
 
 def source_exit_status(verdict):
@@ -301,6 +313,12 @@ def overall_headline(reports, code):
     version = next((r.get("sglang_version") for r in reports if r.get("sglang_version")), None) or "(version unknown)"
     affected = [r for r in reports if r["verdict"] == "affected"]
     names = lambda rs: ", ".join(r["hotfix"] for r in rs)  # noqa: E731
+    if code == EXIT_ERROR and reports and not any(r.get("sglang_installed", True) for r in reports):
+        return (
+            "CANNOT PATCH: SGLang is not installed for this Python (%s; its sys.path has no sglang package): "
+            "the plugin was installed with another interpreter's pip, or SGLang is missing; install it with "
+            "the pip of the Python that runs SGLang (`python -m pip install ...`)" % sys.executable
+        )
     if code == EXIT_ERROR:
         failing = [r for r in reports if r["decision"] in [action.value for action in engine.REFUSALS]]
         return "CANNOT PATCH: record %s: %s" % (

@@ -9,8 +9,9 @@ imported, the source is unknown, or the probe fails.
 """
 
 import importlib
+import sys
 
-from . import detect, engine, switches
+from . import detect, engine, source, switches
 from .record import Verdict
 
 EXIT_OK, EXIT_MISMATCH, EXIT_ERROR = 0, 1, 2
@@ -28,6 +29,12 @@ def verify(hotfix, out, err, failed_imports=None):
     failed_imports = {} if failed_imports is None else failed_imports
     assessment = detect.assess_installed(hotfix)
     out("record %s: %s: %s (%s)" % (hotfix.name, hotfix.target, assessment.verdict, assessment.reason))
+    if not source.locate(hotfix.module).package_found:
+        err(
+            "record %s: cannot verify: SGLang is not installed for this Python (%s; its sys.path has no %s "
+            "package)" % (hotfix.name, sys.executable, hotfix.module.split(".")[0])
+        )
+        return EXIT_ERROR
     if assessment.verdict in (Verdict.FIXED, Verdict.NOT_APPLICABLE):
         out("nothing to verify: the hotfix does not patch this SGLang")
         return EXIT_OK

@@ -1,5 +1,7 @@
 """`sglang-hotfix-trtllm status`: the operator's view, without importing SGLang."""
 
+import json
+import os
 import subprocess
 import sys
 
@@ -83,9 +85,12 @@ def test_status_exits_2_for_unknown_installed_code(tmp_path, installed_backend_s
 
 def test_status_when_sglang_is_absent(tmp_path, bare_python, target_install):
     ran = status_json(python=bare_python, env=clean_env(PYTHONPATH=str(target_install)), cwd=tmp_path)
-    assert ran.returncode == 0
+    # Issue 37, item 1: not NOTHING TO DO (exit 0) but CANNOT PATCH (exit 2), naming the interpreter.
+    assert ran.returncode == 2
     report = ran.report
     assert report["verdict"] == "not-applicable" and report["sglang_version"] is None
+    assert report["sglang_installed"] is False and report["exit_status"] == 2
+    assert report["headline"].startswith("CANNOT PATCH: SGLang is not installed for this Python")
 
 
 def test_status_of_a_target_install_says_the_startup_file_is_inactive(tmp_path, target_install, venv_site_packages):
@@ -140,3 +145,38 @@ def test_the_exit_status_is_the_results_whatever_happens_to_stdout(redirect, wor
     assert ran.returncode == expected.returncode, ran.stderr
     assert "Traceback" not in ran.stderr and "Exception ignored" not in ran.stderr, ran.stderr
     assert ran.stderr.count(words) == 1, ran.stderr
+
+
+def test_status_in_a_python_without_sglang_says_so_and_fails(tmp_path):
+    """Issue 37, item 1: the plugin installed with another interpreter's pip said NOTHING TO DO, exit
+    0, and a Dockerfile's `&& sglang-hotfix-trtllm status` shipped an unprotected image. A Python
+    that finds no sglang package (here: no site-packages at all, the plugin on the path by hand)."""
+    import shutil
+
+    import sglang_hotfix_trtllm
+
+    plugin = tmp_path / "plugin"
+    shutil.copytree(os.path.dirname(sglang_hotfix_trtllm.__file__), plugin / "sglang_hotfix_trtllm")
+    import sglang_hotfix_trtllm_autoload  # the startup module, a top-level sibling of the package
+
+    shutil.copy(sglang_hotfix_trtllm_autoload.__file__, plugin)
+    code = "import sys; sys.path.insert(0, %r); from sglang_hotfix_trtllm import cli; sys.exit(cli.main(%r))"
+    ran = subprocess.run(
+        [sys.executable, "-S", "-c", code % (str(plugin), ["verify"])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=str(tmp_path),
+    )
+    assert ran.returncode == 2 and "cannot verify: SGLang is not installed for this Python" in ran.stderr, ran.stderr
+    for arguments in (["status"], ["status", "--json"]):
+        ran = subprocess.run(
+            [sys.executable, "-S", "-c", code % (str(plugin), arguments)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=str(tmp_path),
+        )
+        assert ran.returncode == 2, ran.stdout + ran.stderr
+        first = ran.stdout.splitlines()[0] if arguments == ["status"] else json.loads(ran.stdout)["headline"]
+        assert first.startswith("CANNOT PATCH: SGLang is not installed for this Python (%s" % sys.executable), first
