@@ -21,22 +21,30 @@ def problem(tree, cls, live, methods, helpers):
     )
 
 
-def flashinfer_problem(tree):
-    """None when the module binds ``flashinfer`` only by ``import flashinfer`` at its top level
-    (SGLang guards it with ``if is_flashinfer_available():``), once."""
+def module_bindings(tree, name):
+    """(problem, imports): a problem when something other than an import binds the global
+    ``name`` (an assignment, ``global``/``nonlocal``, a definition), else None and every
+    (import node, alias) that binds it. What the gates of this module's globals need to know:
+    the global they replace is bound by imports only."""
     imports = []
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            for alias in node.names:
-                bound = alias.asname or alias.name.split(".")[0]
-                if bound == GATED_GLOBAL:
-                    imports.append((node, alias))
-        elif isinstance(node, ast.Name) and node.id == GATED_GLOBAL and not isinstance(node.ctx, ast.Load):
-            return "the module rebinds %s (line %d)" % (GATED_GLOBAL, node.lineno)
-        elif isinstance(node, (ast.Global, ast.Nonlocal)) and GATED_GLOBAL in node.names:
-            return "`%s %s` (line %d)" % (type(node).__name__.lower(), GATED_GLOBAL, node.lineno)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == GATED_GLOBAL:
-            return "a definition named %s (line %d)" % (GATED_GLOBAL, node.lineno)
+            imports += [(node, alias) for alias in node.names if (alias.asname or alias.name.split(".")[0]) == name]
+        elif isinstance(node, ast.Name) and node.id == name and not isinstance(node.ctx, ast.Load):
+            return "the module rebinds %s (line %d)" % (name, node.lineno), imports
+        elif isinstance(node, (ast.Global, ast.Nonlocal)) and name in node.names:
+            return "`%s %s` (line %d)" % (type(node).__name__.lower(), name, node.lineno), imports
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return "a definition named %s (line %d)" % (name, node.lineno), imports
+    return None, imports
+
+
+def flashinfer_problem(tree):
+    """None when the module binds ``flashinfer`` only by ``import flashinfer`` at its top level
+    (SGLang guards it with ``if is_flashinfer_available():``), once."""
+    problem, imports = module_bindings(tree, GATED_GLOBAL)
+    if problem:
+        return problem
     plain = [(n, a) for n, a in imports if isinstance(n, ast.Import) and a.name == GATED_GLOBAL and a.asname is None]
     if len(imports) != 1 or len(plain) != 1:
         return "%s is not bound once, by `import %s`" % (GATED_GLOBAL, GATED_GLOBAL)

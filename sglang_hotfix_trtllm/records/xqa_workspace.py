@@ -392,16 +392,9 @@ def _fixed_in_substance(tree, init, extend):
 def _get_buffer_problem(tree):
     """None when the module binds ``get_buffer`` once, by a top-level ``from ... import get_buffer``
     (no alias), and never rebinds it."""
-    bound = []
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            bound += [(node, a) for a in node.names if (a.asname or a.name.split(".")[0]) == BUFFER_GLOBAL]
-        elif isinstance(node, ast.Name) and node.id == BUFFER_GLOBAL and not isinstance(node.ctx, ast.Load):
-            return "the module rebinds %s (line %d)" % (BUFFER_GLOBAL, node.lineno)
-        elif isinstance(node, (ast.Global, ast.Nonlocal)) and BUFFER_GLOBAL in node.names:
-            return "`%s %s` (line %d)" % (type(node).__name__.lower(), BUFFER_GLOBAL, node.lineno)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == BUFFER_GLOBAL:
-            return "a definition named %s (line %d)" % (BUFFER_GLOBAL, node.lineno)
+    problem, bound = routes.module_bindings(tree, BUFFER_GLOBAL)
+    if problem:
+        return problem
     if len(bound) != 1 or not isinstance(bound[0][0], ast.ImportFrom) or bound[0][0] not in tree.body:
         return "%s is not bound once, by a top-level `from ... import %s`" % (BUFFER_GLOBAL, BUFFER_GLOBAL)
     return None
