@@ -29,7 +29,20 @@ _gauge = None
 def report_applied(hotfix, sglang_version, fingerprint):
     """Set this record's sample to 1 in this process; True when written."""
     global _gauge
-    if not os.environ.get(MULTIPROC_DIR):
+    folder = os.environ.get(MULTIPROC_DIR)
+    if not folder:
+        return False
+    if not os.path.isdir(folder):
+        # Set by hand to a folder that is not there: prometheus_client cannot write the sample and
+        # /metrics would silently lack the hotfix's lines.
+        say(
+            logging.WARNING,
+            "not reporting the applied records to Prometheus: %s=%s is not a folder (SGLang's "
+            "--enable-metrics creates its own; create this one, or unset the variable)",
+            MULTIPROC_DIR,
+            folder,
+            once_key="metrics-folder",
+        )
         return False
     try:
         import prometheus_client

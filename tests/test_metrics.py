@@ -61,3 +61,18 @@ def test_with_metrics_off_nothing_is_imported_or_written(tmp_path):
     )
     ran = run_python(["-c", code], cwd=tmp_path, env=clean_env())
     assert ran.returncode == 0 and ran.result == [False, False], ran
+
+
+def test_a_multiprocess_folder_that_is_not_there_is_said(tmp_path, monkeypatch, caplog):
+    """Issue 37, item 13: a PROMETHEUS_MULTIPROC_DIR that does not exist gave no sample and no word."""
+    import logging
+
+    from sglang_hotfix_trtllm import logs, metrics
+    from sglang_hotfix_trtllm.records import catalog
+
+    monkeypatch.setenv(metrics.MULTIPROC_DIR, str(tmp_path / "missing"))
+    monkeypatch.setattr(logs, "_said", set())
+    with caplog.at_level(logging.WARNING, logger="sglang_hotfix_trtllm"):
+        assert metrics.report_applied(catalog.HOTFIXES[0], "0.5.12", "ast1:0") is False
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "is not a folder" in line and str(tmp_path / "missing") in line
