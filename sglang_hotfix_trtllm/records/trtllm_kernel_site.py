@@ -257,22 +257,23 @@ def _gate_class():
             super().__init__(submodule)
             self._self_submodule_name, self._self_gate = submodule_name, gate
             self._self_kernel_name = KERNELS[submodule_name]
-            self._self_pair = (None, None)  # (kernel, its gated kernel): one object, swapped whole
-            self._self_repaired = {}  # kernel name -> (kernel, its argument-repaired kernel)
+            self._self_kept = {}  # kernel name -> (kernel, what the gated module hands out for it)
 
         def __getattr__(self, name):
             found = getattr(self.__wrapped__, name)
-            if name != self._self_kernel_name:
-                repair = _ARGUMENT_REPAIRS.get((self._self_submodule_name, name))
-                if repair is None:
-                    return found
-                pair = self._self_repaired.get(name, (None, None))
-                if pair[0] is not found:  # a kernel replaced since: repair that one
-                    pair = self._self_repaired[name] = (found, _ArgumentRepairedKernel(found, repair, self._self_gate))
-                return pair[1]
-            pair = self._self_pair  # read once: another thread may swap it meanwhile
-            if pair[0] is not found:  # a kernel replaced since (a profiler, a mock): gate that one
-                pair = self._self_pair = (found, _GatedKernel(found, self._self_gate))
+            repair = (
+                None if name == self._self_kernel_name else _ARGUMENT_REPAIRS.get((self._self_submodule_name, name))
+            )
+            if repair is None and name != self._self_kernel_name:
+                return found
+            pair = self._self_kept.get(name)  # one read: another thread may swap it meanwhile
+            if pair is None or pair[0] is not found:  # a kernel replaced since (a profiler, a mock): that one
+                made = (
+                    _GatedKernel(found, self._self_gate)  # repaired by the noted call
+                    if repair is None
+                    else _ArgumentRepairedKernel(found, repair, self._self_gate)  # by its own arguments
+                )
+                pair = self._self_kept[name] = (found, made)
             return pair[1]
 
     class FlashInferGate(patch.GateProxy):
