@@ -144,9 +144,7 @@ def status(arguments):
     with detect.shared_parses():  # the records read one file: parse it once
         assessed = [(hotfix,) + state.of_environment(hotfix) for hotfix in catalog.HOTFIXES]
     for hotfix, report, assessment, code in assessed:
-        if code == state.EXIT_ERROR and not report["sglang_installed"]:
-            pass  # said once, below: no record has anything of its own to add
-        elif code == state.EXIT_ERROR:
+        if code == state.EXIT_ERROR and report["sglang_installed"]:  # without SGLang: said once, below
             diagnose(
                 "%s: %s: %s"
                 % (

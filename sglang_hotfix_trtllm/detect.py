@@ -401,6 +401,12 @@ def _releases_text(releases):
     return releases[0] if len(releases) == 1 else "%s … %s (%d releases)" % (releases[0], releases[-1], len(releases))
 
 
+def distribution_installed(hotfix):
+    """Whether this interpreter finds the top-level package of the record's target at all (never
+    imported): the one answer ``status`` and ``verify`` give for "is SGLang installed here"."""
+    return bool(source.locate(hotfix.module).package_found)
+
+
 def assess_installed(hotfix):
     """The verdict on the installed distribution, found without importing it."""
     located = source.locate(hotfix.module)

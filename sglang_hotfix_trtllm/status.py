@@ -134,18 +134,13 @@ def of_environment(hotfix):
             "covered_processes": coverage,
         }
     )
-    report["sglang_installed"] = _sglang_installed(hotfix)
+    report["sglang_installed"] = detect.distribution_installed(hotfix)
     code = exit_status(assessment, decision, patched)
     if not report["sglang_installed"]:
         # The plugin in a Python without SGLang (another interpreter's pip): nothing here is
         # protected, and saying NOTHING TO DO would pass a Dockerfile's `&& status` check.
         code = EXIT_ERROR
     return report, assessment, code
-
-
-def _sglang_installed(hotfix):
-    """Whether this interpreter finds the distribution's top-level package (never imported)."""
-    return bool(source.locate(hotfix.module).package_found)
 
 
 def source_exit_status(verdict):

@@ -11,7 +11,7 @@ imported, the source is unknown, or the probe fails.
 import importlib
 import sys
 
-from . import detect, engine, source, switches
+from . import detect, engine, switches
 from .record import Verdict
 
 EXIT_OK, EXIT_MISMATCH, EXIT_ERROR = 0, 1, 2
@@ -29,11 +29,16 @@ def verify(hotfix, out, err, failed_imports=None):
     failed_imports = {} if failed_imports is None else failed_imports
     assessment = detect.assess_installed(hotfix)
     out("record %s: %s: %s (%s)" % (hotfix.name, hotfix.target, assessment.verdict, assessment.reason))
-    if not source.locate(hotfix.module).package_found:
-        err(
-            "record %s: cannot verify: SGLang is not installed for this Python (%s; its sys.path has no %s "
-            "package)" % (hotfix.name, sys.executable, hotfix.module.split(".")[0])
-        )
+    if not detect.distribution_installed(hotfix):
+        package = hotfix.module.split(".")[0]
+        if package in failed_imports:  # said once, as a failed import is
+            err("record %s: cannot verify: %s is not installed (said above)" % (hotfix.name, package))
+        else:
+            failed_imports[package] = None
+            err(
+                "record %s: cannot verify: SGLang is not installed for this Python (%s; its sys.path has no %s "
+                "package)" % (hotfix.name, sys.executable, package)
+            )
         return EXIT_ERROR
     if assessment.verdict in (Verdict.FIXED, Verdict.NOT_APPLICABLE):
         out("nothing to verify: the hotfix does not patch this SGLang")
