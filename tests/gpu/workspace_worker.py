@@ -131,32 +131,6 @@ def cuda_build_environment():
     return ", ".join(said)
 
 
-class _Env:
-    def __init__(self, value):
-        self.value = value
-
-    def is_set(self):
-        return self.value is not None
-
-    def get(self):
-        return self.value
-
-
-class Envs:
-    """``sglang.srt.environ.envs`` for the variables these methods read."""
-
-    def __init__(self, workspace_bytes):
-        self.values = {
-            "SGLANG_FLASHINFER_WORKSPACE_SIZE": workspace_bytes,
-            "SGLANG_TRTLLM_MHA_DECODE_SEQ_LEN_SPLITS": 1,
-        }
-
-    def __getattr__(self, name):
-        if name == "values":
-            raise AttributeError(name)
-        return _Env(self.values.get(name))
-
-
 # --------------------------------------------------------------------------
 # Attention in fp32, and the CPU stand-ins
 
@@ -366,7 +340,7 @@ def run(arm, dry_run, workspace_mib, seed=20261202):
         facts["torch"] = torch.__version__
 
     module = wc.load_module(release_dir, oracle=arm == "oracle", fixed_dir=fixed_dir)
-    module.envs = Envs(workspace_mib * MIB if workspace_mib else None)
+    module.envs = wc.Envs(workspace_mib * MIB if workspace_mib else None)
     module.make_persistent_multi_ctas_kv_counter_buffer = lambda device, num_q_heads, max_batch_size: torch.zeros(
         num_q_heads * max_batch_size, dtype=torch.int32, device=device
     )

@@ -179,16 +179,21 @@ class _Env:
         return self.value
 
 
-class _Envs:
-    """``sglang.srt.environ.envs`` for the variables these methods read: the workspace size set,
-    one decode split (SGLang's default), no skip-softmax thresholds."""
+class Envs:
+    """``sglang.srt.environ.envs`` for the variables these methods read: the workspace size as
+    ``SGLANG_FLASHINFER_WORKSPACE_SIZE`` sets it (None: unset, the release's default), one decode
+    split (SGLang's default), no skip-softmax thresholds. The GPU worker's too."""
+
+    def __init__(self, workspace_bytes=WORKSPACE_BYTES):
+        self.values = {
+            "SGLANG_FLASHINFER_WORKSPACE_SIZE": workspace_bytes,
+            "SGLANG_TRTLLM_MHA_DECODE_SEQ_LEN_SPLITS": 1,
+        }
 
     def __getattr__(self, name):
-        return _Env(
-            {"SGLANG_FLASHINFER_WORKSPACE_SIZE": WORKSPACE_BYTES, "SGLANG_TRTLLM_MHA_DECODE_SEQ_LEN_SPLITS": 1}.get(
-                name
-            )
-        )
+        if name == "values":
+            raise AttributeError(name)
+        return _Env(self.values.get(name))
 
 
 def _release_get_buffer(release_dir, buffers):
@@ -240,7 +245,7 @@ def load_module(release_dir, oracle=False, fixed_dir=None):
         KVCacheAttentionAccessKind=KVCacheAttentionAccessKind,
         AttentionType=AttentionType,
         SWAKVPool=type("SWAKVPool", (), {}),
-        envs=_Envs(),
+        envs=Envs(),
         logger=fp8_cases._Logger(),
         is_cp_v2_active=lambda forward_batch: False,
         is_cp_active=lambda forward_batch: False,
