@@ -407,6 +407,32 @@ def distribution_installed(hotfix):
     return bool(source.locate(hotfix.module).package_found)
 
 
+def in_this_environment(hotfix, assessment):
+    """``assessment`` of an installed (or imported) source, with what the record's repair needs of
+    this Python besides that source (``Hotfix.environment``: encoder_only_mask needs a FlashInfer
+    that takes its argument): an ``affected`` verdict whose repair this environment cannot carry
+    becomes ``unrepairable``, with the record's reason. A file judged on its own (``status --source``)
+    is not asked: its environment is not this one."""
+    if assessment.verdict is not Verdict.AFFECTED or hotfix.environment is None:
+        return assessment
+    try:
+        problem = hotfix.environment()
+    except Exception as error:  # a bug in a record must not take the host down
+        problem = "the record's check of this environment failed: %s: %s" % (type(error).__name__, error)
+    if problem is None:
+        return assessment
+    return Assessment(
+        assessment.hotfix_name,
+        assessment.target,
+        Verdict.UNREPAIRABLE,
+        problem,
+        assessment.fingerprint,
+        assessment.source_path,
+        assessment.known_releases,
+        assessment.method_first_line,
+    )
+
+
 def assess_installed(hotfix):
     """The verdict on the installed distribution, found without importing it."""
     located = source.locate(hotfix.module)
@@ -426,7 +452,7 @@ def assess_installed(hotfix):
         else:
             reason = "this %s has no %s module (%s)" % (hotfix.distribution, hotfix.module, located.reason)
         return Assessment(hotfix.name, hotfix.target, Verdict.NOT_APPLICABLE, reason, None, None, ())
-    return assess_source(hotfix, located.path)
+    return in_this_environment(hotfix, assess_source(hotfix, located.path))
 
 
 def assess_module(hotfix, module):
@@ -454,4 +480,4 @@ def assess_module(hotfix, module):
             None,
             (),
         )
-    return assess_source(hotfix, path)
+    return in_this_environment(hotfix, assess_source(hotfix, path))

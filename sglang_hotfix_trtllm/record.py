@@ -107,6 +107,10 @@ class Hotfix(Value):
       others join that wrapper (one wrapt layer, one gate), each keeping its own verdict, switch,
       line, status block and metric. A site's wrapper is called as ``wrapper(module, joined,
       wrapped, instance, args, kwargs)``, ``joined.active`` naming the records on, in catalog order.
+    * ``environment``: None, or ``environment()`` -> None, or the reason (naming the release that
+      fixes the bug) why this Python cannot carry the repair although the code is affected
+      (encoder_only_mask: the installed FlashInfer takes no ``causal``); the verdict on an installed
+      or imported source is then ``unrepairable``. It reads files only, never imports.
     * ``on_wrap``: None, or ``on_wrap(module)``, called each time ``patch.wrap`` puts the record in
       force (first wrap, or resumed after ``remove()``): for a record whose earlier repairs live on
       in objects already made (xqa_workspace's workspaces) and need its gates back at once.
@@ -127,6 +131,7 @@ class Hotfix(Value):
         "gates",
         "site",
         "on_wrap",
+        "environment",
     )
     _defaults = {
         "known_fingerprints": {},
@@ -137,6 +142,7 @@ class Hotfix(Value):
         "gates": (),
         "site": None,
         "on_wrap": None,
+        "environment": None,
     }
 
     @property
@@ -160,6 +166,13 @@ class Hotfix(Value):
     def method_names(self):
         """Every method the record wraps: the target's, then ``also``."""
         return (self.method_name,) + tuple(self.also)
+
+
+def reports_only(module, wrapped, instance, args, kwargs):
+    """The wrapper of a record whose ``classify`` never says ``affected`` (one that recognises a bug
+    it cannot repair, and reports it): never called, since the engine wraps only affected code. A
+    record must name a wrapper; this one would run SGLang's method alone."""
+    return wrapped(*args, **kwargs)
 
 
 class ProbeReport(Value):

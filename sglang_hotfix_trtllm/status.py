@@ -90,6 +90,11 @@ def would_patch(decision, startup_active, under_launcher, entry_point, framework
 
 
 def exit_status(assessment, decision, patched):
+    if decision.action is engine.Action.DISABLED and assessment.verdict is Verdict.UNREPAIRABLE:
+        # A bug this hotfix cannot repair, turned off by name: the operator, told what it concerns,
+        # says this deployment does not serve it (an embedding model, say). Nothing would run
+        # differently with the record on, so the exit status follows the other records.
+        return EXIT_OK
     if decision.action in (engine.Action.DISABLED, engine.Action.EXCLUDED):
         # The operator's choice, made before any verdict is acted on (the process
         # stands aside silently whatever the code): not an error to fix.
@@ -116,6 +121,7 @@ def of_environment(hotfix):
     report = assessment.as_dict()
     report.update(
         {
+            "upstream": hotfix.upstream,
             "format_version": FORMAT_VERSION,
             "plugin_version": __version__,
             "plugin_location": launcher.INSTALL_DIR,
@@ -301,6 +307,16 @@ def headline(report):
     return "record %s: the installed code is not recognised, so it is left unpatched: %s" % (record, report["reason"])
 
 
+def _why_open(report):
+    """Why a record's bug would run, for the first line. An unrepairable record's whole reason is
+    its block's (who it concerns, why no wrapper repairs it): here only what fixes it."""
+    if report["verdict"] == "unrepairable" and report["decision"] == engine.Action.UNREPAIRABLE.value:
+        return "a bug this hotfix recognises but cannot repair here; %s fixes it (its block says who it concerns)" % (
+            report.get("upstream") or "upstream"
+        )
+    return report["would_patch_reason"]
+
+
 def overall_headline(reports, code):
     """The one first line of ``status``: a verdict across every record, whose
     first word matches the exit status ``code`` (0 PROTECTED or NOTHING TO DO,
@@ -320,21 +336,37 @@ def overall_headline(reports, code):
             names(failing),
             "; ".join("%s: %s" % (r["hotfix"], r["would_patch_reason"]) for r in failing),
         )
+    accepted = [r for r in reports if r["verdict"] == "unrepairable" and r["decision"] == engine.Action.DISABLED.value]
+    patched = [r for r in affected if r["would_patch"]]
     if code == EXIT_UNPROTECTED:
-        open_ = [r for r in reports if r["verdict"] in ("affected", "unknown", "unrepairable") and not r["would_patch"]]
-        return "NOT PROTECTED: SGLang %s: record %s would run unpatched in a new process: %s" % (
+        open_ = [
+            r
+            for r in reports
+            if r["verdict"] in ("affected", "unknown", "unrepairable") and not r["would_patch"] and r not in accepted
+        ]
+        return "NOT PROTECTED: SGLang %s: record %s would run unpatched in a new process: %s%s" % (
             version,
             names(open_),
-            "; ".join("%s: %s" % (r["hotfix"], r["would_patch_reason"]) for r in open_),
+            "; ".join("%s: %s" % (r["hotfix"], _why_open(r)) for r in open_),
+            " (record %s would be patched)" % names(patched) if patched else "",
         )
+    said_accepted = (
+        "; record %s turned off by %s: its bug runs unrepaired, accepted as not served here"
+        % (names(accepted), switches.DISABLE)
+        if accepted
+        else ""
+    )
     if affected:
         coverage = {r.get("covered_processes") for r in affected}
         words = COVERAGE_WORDS.get(coverage.pop()) if len(coverage) == 1 else None
-        return "PROTECTED: SGLang %s has the bugs of record %s; %s" % (
+        return "PROTECTED: SGLang %s has the bugs of record %s; %s%s" % (
             version,
             names(affected),
             words or "; ".join(r["would_patch_reason"] for r in affected),
+            said_accepted,
         )
+    if accepted:
+        return "NOTHING TO DO: SGLang %s%s" % (version, said_accepted)
     if all(r["verdict"] == "fixed" for r in reports):
         return "NOTHING TO DO: SGLang %s already has every fix this package carries; it can be removed (%s)" % (
             version,

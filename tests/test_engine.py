@@ -68,21 +68,23 @@ def test_strict_mode_does_not_interfere_when_patching_works(scenario):
     assert ran.returncode == 0 and ran.result["attribute_type"] == PATCHED
 
 
-def test_release_0_5_13_is_fixed_for_four_records_and_only_pr28144_and_pr31667_wrap(scenario):
+def test_release_0_5_13_is_fixed_for_four_records_and_only_the_kernel_call_records_wrap(scenario):
     folder = release_selection.installed("0.5.13")
     ran = scenario("describe", env=clean_env(PYTHONPATH=str(folder)))
     assert ran.returncode == 0, ran
     assert ran.result["module_file"].startswith(str(folder))
-    # 0.5.13 has no capture method at all; only the methods of pr28144 (fixed in 0.5.14) and pr31667
-    # (fixed in 0.5.16) are wrapped, forward_decode once for both.
+    # 0.5.13 has no capture method at all; only the methods of pr28144 (fixed in 0.5.14), pr31667
+    # (fixed in 0.5.16) and encoder_only_mask (fixed in 0.5.22) are wrapped, each once for all.
     assert ran.result["attribute_type"] is None
-    assert ran.result["wrappers_in_class"] == wrapped_methods("pr28144", "pr31667")
+    assert ran.result["wrappers_in_class"] == wrapped_methods("pr28144", "pr31667", "encoder_only_mask")
     lines = ran.hotfix_lines(record=None)
     fixed = [line for line in lines if "upstream already has the fix" in line and "sglang 0.5.13" in line]
     patched = [line for line in lines if "INFO: patched" in line]
-    # pr26521, pr25103 (fixed in 0.5.13), pr17732 (0.5.9) and pr19107 (0.5.10) say so once each.
-    assert len(fixed) == 4 and len(patched) == 2 and len(lines) == 6, lines
+    # pr26521, pr25103 (fixed in 0.5.13), pr17732 (0.5.9) and pr19107 (0.5.10) say so once each;
+    # xqa_workspace and xqa_draft_extend (nothing of theirs in 0.5.13) say nothing.
+    assert len(fixed) == 4 and len(patched) == 3 and len(lines) == 7, lines
     assert "forward_decode and forward_extend" in patched[0] and "(PR #31667)" in patched[1]
+    assert "forward_extend (sglang 0.5.13" in patched[2] and "causal=False for ENCODER_ONLY" in patched[2]
 
 
 def test_status_and_the_import_hook_act_on_engine_decide_alone(monkeypatch):

@@ -35,6 +35,7 @@ def test_each_applied_record_is_one_sample_of_the_gauge(tmp_path):
             'sglang_hotfix_trtllm_applied{fingerprint="ast1:e98e6b3d011e7ace",record="pr26521",sglang_version="0.5.12"} 1.0',  # noqa: E501 (verbatim data)
             'sglang_hotfix_trtllm_applied{fingerprint="ast1:0a81c60473bbd26c",record="pr28144",sglang_version="0.5.12"} 1.0',  # noqa: E501 (verbatim data)
             'sglang_hotfix_trtllm_applied{fingerprint="ast1:cc7da69ada8dbf71",record="pr31667",sglang_version="0.5.12"} 1.0',  # noqa: E501 (verbatim data)
+            'sglang_hotfix_trtllm_applied{fingerprint="ast1:52036f0a3a55c1e1",record="encoder_only_mask",sglang_version="0.5.12"} 1.0',  # noqa: E501 (verbatim data)
         ]
     )
 

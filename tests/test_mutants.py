@@ -60,10 +60,14 @@ pr19107: ``swa_write_cases`` on SGLang's real SWAKVPool, with PR #19107 from 0.5
 xqa_workspace (no fmha_v2 in 0.5.12) runs on 0.5.22: ``__init__`` and ``forward_extend`` pinned,
 ``forward_decode``'s mutants refused or repaired exactly (``workspace_cases``: SGLang's own
 ``__init__``, prefill and decode, with 0.5.23's change from its file as the oracle).
+encoder_only_mask runs on 0.5.12 and 0.5.13: ``forward_extend`` and the helpers it calls pinned,
+every mutant refused; the unmutated release repaired exactly (``fp8_cases`` with 0.5.22's
+``causal=`` keyword as the oracle).
 """
 
 import ast
 import collections
+import dataclasses
 import importlib.metadata
 import logging
 import shutil
@@ -83,7 +87,16 @@ import swa_write_cases
 import upstream_fix
 import workspace_cases
 from sglang_hotfix_trtllm import detect, engine, patch
-from sglang_hotfix_trtllm.records import pr17732, pr19107, pr25103, pr26521, pr28144, pr31667, xqa_workspace
+from sglang_hotfix_trtllm.records import (
+    encoder_only_mask,
+    pr17732,
+    pr19107,
+    pr25103,
+    pr26521,
+    pr28144,
+    pr31667,
+    xqa_workspace,
+)
 from sglang_hotfix_trtllm.record import Verdict
 
 INSTALLED = "installed"
@@ -197,11 +210,23 @@ RECORDS = {
         variants=("0.5.22",),  # 0.5.19 to 0.5.21: the differential (test_xqa_workspace)
         installed=False,
     ),
+    # forward_extend pinned by fingerprint, the helpers the two kernel callers call by theirs: every
+    # mutant refused; the unmutated release repaired exactly (test_encoder_only_mask: every release).
+    "encoder_only_mask": dict(
+        record=encoder_only_mask,
+        methods=("forward_extend", "_should_use_fused_fp8_path", "_fused_fp8_set_kv_buffer", "_get_layer_page_table"),
+        pinned=("forward_extend", "_should_use_fused_fp8_path", "_fused_fp8_set_kv_buffer", "_get_layer_page_table"),
+        writes={
+            "causal_true": "causal = True",
+            "decoder": "layer.attn_type = AttentionType.DECODER",
+        },
+        variants=("0.5.13",),
+    ),
 }
 # Mutants the generator makes, measured (pr26521: 363 on 0.5.12, 310 on 0.5.1 and
 # 0.5.3; pr25103: 403 on 0.5.12, 331 on 0.5.9; pr28144: 645 on 0.5.12, 636 on 0.5.9, 320 on 0.5.1;
 # pr31667: 303 on 0.5.12, 271 on 0.5.14; pr17732: 286 on 0.5.1, 447 on 0.5.8.post1; pr19107: 680 on 0.5.9;
-# xqa_workspace: 1636 on 0.5.22),
+# xqa_workspace: 1636 on 0.5.22; encoder_only_mask: 341 on 0.5.12, 361 on 0.5.13),
 # less a little: a generator that silently stops mutating fails here.
 FLOORS = {
     ("pr26521", INSTALLED): 350,
@@ -218,6 +243,8 @@ FLOORS = {
     ("pr17732", "0.5.8.post1"): 435,
     ("pr19107", "0.5.9"): 665,
     ("xqa_workspace", "0.5.22"): 1620,
+    ("encoder_only_mask", INSTALLED): 330,
+    ("encoder_only_mask", "0.5.13"): 350,
 }
 
 
@@ -705,6 +732,41 @@ class QueryRepair(ScaleRepair):
         )
 
 
+class MaskRepair(ScaleRepair):
+    """encoder_only_mask: as ``ScaleRepair``, the oracle the same mutant with 0.5.22's ``causal=``
+    keyword added to its context-kernel call (``fp8_cases.upstream_module``), on extend and target
+    verify cases of a decoder and an encoder-only layer; the oracle's ``causal=True`` (FlashInfer's
+    default, where the release passes nothing) left out of both recordings."""
+
+    hotfix = encoder_only_mask.HOTFIX
+
+    def chosen_cases(self, release):
+        chosen = {}
+        for name, case in fp8_cases.cases(release).items():
+            if case.mode != "decode" and case.scales == "absent" and case.layout == "packed":
+                for attn_type in ("DECODER", "ENCODER_ONLY"):
+                    chosen[name + "-" + attn_type] = dataclasses.replace(case, attn_type=attn_type)
+        return chosen
+
+    def oracle(self, folder):
+        return fp8_cases.upstream_module(
+            folder, self.fixed_dir, scales=False, encoder_only_dir=release_selection.release_dir("0.5.22")
+        )
+
+    def observe(self, module):
+        def without_default(calls):
+            if isinstance(calls, str):
+                return calls
+            return [
+                (name, {k: v for k, v in arguments.items() if not (k == "causal" and v is True)})
+                if isinstance(arguments, dict)
+                else (name, arguments)
+                for name, arguments in calls
+            ]
+
+        return {name: without_default(calls) for name, calls in super().observe(module).items()}
+
+
 class WorkspaceRepair(ScaleRepair):
     """xqa_workspace: the mutant compiled as ``workspace_cases`` compiles a release (in a folder
     named after it, beside its other files), a target and a draft backend built by its own
@@ -810,6 +872,7 @@ def test_every_mutant_is_refused_or_repaired_exactly(name, release, release_sour
             "pr17732": StrideRepair,
             "pr19107": WriteRepair,
             "xqa_workspace": WorkspaceRepair,
+            "encoder_only_mask": MaskRepair,
         }.get(name, ScaleRepair)(
             importlib.metadata.version("sglang") if release == INSTALLED else release, root, tmp_path, monkeypatch
         )

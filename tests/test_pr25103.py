@@ -65,6 +65,8 @@ def test_the_catalog_holds_every_record_on_one_watched_module():
         "pr17732",
         "pr19107",
         "xqa_workspace",
+        "encoder_only_mask",
+        "xqa_draft_extend",
     ]
     assert autoload.WATCHED_MODULES == {h.module for h in catalog.HOTFIXES} == {HOTFIX.module}
 

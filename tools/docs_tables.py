@@ -73,10 +73,21 @@ def _groups(items, key):
     return groups
 
 
-def affected_spans(hotfix):
-    """The record's affected releases as consecutive runs, e.g. ['0.5.1 to 0.5.12.post1']."""
-    groups = _groups(rows(hotfix), lambda row: row["verdict"] == "affected")
-    return [_span([r["release"] for r in group], count=False) for affected, group in groups if affected]
+def affected_spans(hotfix, verdict="affected"):
+    """The record's releases of one verdict as consecutive runs, e.g. ['0.5.1 to 0.5.12.post1']."""
+    groups = _groups(rows(hotfix), lambda row: row["verdict"] == verdict)
+    return [_span([r["release"] for r in group], count=False) for matched, group in groups if matched]
+
+
+def bug_spans(hotfix):
+    """Where the record's bug runs, oldest first: the releases it repairs, and those it only reports."""
+    groups = _groups(rows(hotfix), lambda row: row["verdict"])
+    return [
+        _span([r["release"] for r in group], count=False)
+        + (" (reported, not repaired)" if verdict == "unrepairable" else "")
+        for verdict, group in groups
+        if verdict in ("affected", "unrepairable")
+    ]
 
 
 def compatibility_table(hotfix):
@@ -111,7 +122,7 @@ def records_table():
     for hotfix in records():
         lines.append(
             "| [`%s`](docs/records.md#%s) | %s | %s | %s |"
-            % (hotfix.name, hotfix.name, hotfix.summary, ", ".join(affected_spans(hotfix)), hotfix.upstream)
+            % (hotfix.name, hotfix.name, hotfix.summary, ", ".join(bug_spans(hotfix)), hotfix.upstream)
         )
     return "\n".join(lines)
 
@@ -128,6 +139,7 @@ def status_first_line(release, verdicts):
         reports.append(
             {
                 "hotfix": name,
+                "upstream": next(h.upstream for h in records() if h.name == name),
                 "verdict": verdict,
                 "reason": "(reason)",
                 "sglang_version": release,
@@ -153,21 +165,25 @@ def status_rows():
         line, code = status_first_line(release, verdicts)
         word = re.match(r"[A-Z ]+[A-Z]", line).group(0)
         patched = ", ".join(name for name, verdict in verdicts.items() if verdict == "affected")
-        out.append((release, word, patched, code))
+        reported = ", ".join(name for name, verdict in verdicts.items() if verdict == "unrepairable")
+        out.append((release, word, patched, reported, code))
     return [([r[0] for r in group], key) for key, group in _groups(out, lambda r: r[1:])]
 
 
 def removable_from():
     """The first release from which ``status`` says NOTHING TO DO for every later release."""
     runs = status_rows()
-    last_releases, (word, _, _) = runs[-1]
+    last_releases, (word, _, _, _) = runs[-1]
     return last_releases[0] if word == "NOTHING TO DO" else None
 
 
 def status_table():
-    lines = ["| SGLang releases | `status` says | records it patches | exit |", "|---|---|---|---|"]
-    for group, (word, patched, code) in status_rows():
-        lines.append("| %s | `%s` | %s | %d |" % (_span(group), word, patched or "none", code))
+    lines = [
+        "| SGLang releases | `status` says | records it patches | bugs it reports, unrepaired | exit |",
+        "|---|---|---|---|---|",
+    ]
+    for group, (word, patched, reported, code) in status_rows():
+        lines.append("| %s | `%s` | %s | %s | %d |" % (_span(group), word, patched or "none", reported or "none", code))
     return "\n".join(lines)
 
 

@@ -3,9 +3,9 @@
 The order is the order records are listed, applied and, on a shared kernel call
 (``trtllm_kernel_site``), repaired in: the records' repairs there touch different
 arguments (pr28144 the scales, pr31667 the query, pr17732 the K/V cache views; xqa_workspace
-fmha_v2's workspace, by its own arguments)."""
+fmha_v2's workspace, by its own arguments; encoder_only_mask and xqa_draft_extend only report)."""
 
-from . import pr17732, pr19107, pr25103, pr26521, pr28144, pr31667, xqa_workspace
+from . import encoder_only_mask, pr17732, pr19107, pr25103, pr26521, pr28144, pr31667, xqa_draft_extend, xqa_workspace
 
 HOTFIXES = (
     pr26521.HOTFIX,
@@ -15,6 +15,8 @@ HOTFIXES = (
     pr17732.HOTFIX,
     pr19107.HOTFIX,
     xqa_workspace.HOTFIX,
+    encoder_only_mask.HOTFIX,
+    xqa_draft_extend.HOTFIX,
 )
 
 

@@ -9,16 +9,25 @@ and only those. Standard library only.
 """
 
 import ast
+import weakref
 
 from ..fingerprint import of_node
 from .trtllm_kernel_site import CLASS_NAME, GATED_GLOBAL, KERNELS
 
 
+# tree -> {check: answer}: the records of this site ask the two whole-module walks of one parse with
+# the same methods (``status`` and the import hook classify every record from one tree); held
+# weakly, so a tree the analysis dropped is not kept alive here.
+_answers = weakref.WeakKeyDictionary()
+
+
 def problem(tree, cls, live, methods, helpers):
     """The first problem of the three, or None."""
-    return (
-        flashinfer_problem(tree) or kernel_route_problem(tree, methods) or helpers_problem(cls, methods, live, helpers)
-    )
+    answers = _answers.setdefault(tree, {})
+    key = tuple(id(method) for method in methods)  # nodes of ``tree``: alive, so unique, while it is
+    if key not in answers:
+        answers[key] = flashinfer_problem(tree) or kernel_route_problem(tree, methods)
+    return answers[key] or helpers_problem(cls, methods, live, helpers)
 
 
 def module_bindings(tree, name):

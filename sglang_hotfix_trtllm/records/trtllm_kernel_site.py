@@ -55,13 +55,14 @@ def register_argument_repair(submodule, kernel, repair):
 class Call:
     """One wrapped call that needs a repair, as the gate needs it."""
 
-    __slots__ = ("function", "method", "backend", "q", "layer", "forward_batch", "needed", "used")
+    __slots__ = ("function", "method", "backend", "q", "layer", "forward_batch", "needed", "used", "kernel")
 
     def __init__(self, function, backend, q, layer, forward_batch, needed):
         self.function, self.method = function, function.__name__  # SGLang's method, as wrapt calls it
         self.backend, self.q, self.layer, self.forward_batch = backend, q, layer, forward_batch
         self.needed = needed  # the records that repair this call, in catalog order
         self.used = False  # one kernel call per method call: a second one passes through
+        self.kernel = None  # the name of the kernel being called, once the gate sees the call
 
 
 _current_call = contextvars.ContextVar("sglang_hotfix_trtllm_kernel_site_call", default=None)
@@ -196,14 +197,14 @@ class _GatedKernel:
     """A FlashInfer kernel as the gated module reaches it."""
 
     # No __slots__: TorchDynamo guards on the kernel's ``__dict__`` as SGLang's code reaches it.
-    def __init__(self, kernel, gate):
-        self.kernel, self.gate = kernel, gate
+    def __init__(self, kernel, gate, name):
+        self.kernel, self.gate, self.name = kernel, gate, name
 
     def __call__(self, *args, **kwargs):
         call = _current_call.get()
         if call is None or call.used or not self.gate._self_hotfix_on:
             return self.kernel(*args, **kwargs)  # nothing to repair here, or remove() turned it off
-        call.used = True
+        call.used, call.kernel = True, self.name
         if args:
             # SGLang's own calls pass keywords only (the records pin them): a positional call comes
             # from someone else's code between the gate and the kernel. Stand aside, and say so.
@@ -269,7 +270,7 @@ def _gate_class():
             pair = self._self_kept.get(name)  # one read: another thread may swap it meanwhile
             if pair is None or pair[0] is not found:  # a kernel replaced since (a profiler, a mock): that one
                 made = (
-                    _GatedKernel(found, self._self_gate)  # repaired by the noted call
+                    _GatedKernel(found, self._self_gate, name)  # repaired by the noted call
                     if repair is None
                     else _ArgumentRepairedKernel(found, repair, self._self_gate)  # by its own arguments
                 )

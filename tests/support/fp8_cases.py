@@ -26,6 +26,7 @@ a release's file (or the installed SGLang's).
 import ast
 import copy
 import dataclasses
+import enum
 import functools
 import logging
 import os
@@ -187,6 +188,14 @@ def release_canonicalize_stride(release_dir):
 # Recorders and stand-ins for the module's globals
 
 
+class AttentionType(enum.Enum):
+    """Stand-in for SGLang's ``radix_attention.AttentionType`` (the two members these tests use):
+    what a layer's ``attn_type`` is, and the module global 0.5.22's argument compares it to."""
+
+    DECODER = "decoder"
+    ENCODER_ONLY = "encoder_only"
+
+
 class CallLog(list):
     """(name, arguments) of every recorded call, in order."""
 
@@ -261,6 +270,7 @@ def _add_globals(module, release_dir):
         fused_fp8_set_kv_buffer=fused_fp8_recorder(log),
         envs=_Envs(),
         logger=_Logger(),
+        AttentionType=AttentionType,
     )
     if "canonicalize_stride" in ast.unparse(_backend_class(release_dir / BACKEND)):
         module.canonicalize_stride = release_canonicalize_stride(release_dir)
@@ -426,7 +436,13 @@ def _install(module, code, names):
 
 
 def upstream_module(
-    release_dir, fixed_dir, scales=True, packed_query_dir=None, canonical_strides_dir=None, swa_locations_dir=None
+    release_dir,
+    fixed_dir,
+    scales=True,
+    packed_query_dir=None,
+    canonical_strides_dir=None,
+    swa_locations_dir=None,
+    encoder_only_dir=None,
 ):
     """The release's module with upstream's fixes applied (compiled from the release's file):
     ``scales``, PR #28144 as #29423 revised it (0.5.15's helpers on the class and 0.5.15's
@@ -437,7 +453,10 @@ def upstream_module(
     before ``kv_cache = (k_cache, v_cache)`` in both methods, and 0.5.9's ``canonicalize_stride``
     (compiled from its attention utils) as the module's global; ``swa_locations_dir`` (a folder
     holding 0.5.10), PR #19107: 0.5.10's ``_get_layer_cache_loc`` on the class and 0.5.10's
-    ``cache_loc = ...`` statement in place of the release's in ``_fused_fp8_set_kv_buffer``."""
+    ``cache_loc = ...`` statement in place of the release's in ``_fused_fp8_set_kv_buffer``;
+    ``encoder_only_dir`` (a folder holding 0.5.22), its ``causal=layer.attn_type !=
+    AttentionType.ENCODER_ONLY``, taken from 0.5.22's context-kernel call, added to the release's
+    context-kernel call in ``forward_extend``."""
     module = load_backend_module(release_dir)
     fixed_path, path = fixed_dir / BACKEND, release_dir / BACKEND
     own = _methods(_backend_class(path))
@@ -456,6 +475,8 @@ def upstream_module(
         for name in METHODS:
             _apply_canonical_strides(own[name], canonical[name])
         module.canonicalize_stride = release_canonicalize_stride(canonical_strides_dir)
+    if encoder_only_dir is not None:
+        _apply_encoder_only_mask(own["forward_extend"], _methods(_backend_class(encoder_only_dir / BACKEND)))
     names = METHODS
     if swa_locations_dir is not None:
         translated_path = swa_locations_dir / BACKEND
@@ -468,6 +489,25 @@ def upstream_module(
 
 
 FUSED_WRITE, SWA_TRANSLATOR = "_fused_fp8_set_kv_buffer", "_get_layer_cache_loc"
+CONTEXT_KERNEL = "trtllm_batch_context_with_kv_cache"
+
+
+def _context_calls(method):
+    return [
+        node
+        for node in ast.walk(method)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == CONTEXT_KERNEL
+    ]
+
+
+def _apply_encoder_only_mask(method, fixed_methods):
+    """0.5.22's ``causal=`` keyword of its context-kernel call (in ``forward_extend``, whose nested
+    ``_trtllm_context_attn`` makes the call), added to the release's one context-kernel call."""
+    (fixed_call,) = _context_calls(fixed_methods["forward_extend"])
+    (keyword,) = [k for k in fixed_call.keywords if k.arg == "causal"]
+    (call,) = _context_calls(method)
+    assert not [k for k in call.keywords if k.arg == "causal"], "the release already passes causal"
+    call.keywords.append(copy.deepcopy(keyword))
 
 
 def _is_cache_loc(statement):
@@ -576,6 +616,7 @@ class Case:
     fused: bool  # the release's own _should_use_fused_fp8_path says yes for these inputs
     attributes: typing.FrozenSet[str]  # the backend object's attributes (backend_attributes)
     layout: str = "packed"  # key of LAYOUTS: how the method's q lies in memory
+    attn_type: str = "DECODER"  # the layer's AttentionType member (ENCODER_ONLY: bidirectional)
 
     @property
     def method(self):
@@ -658,6 +699,7 @@ def _layer(case):
         layer_id=0,
         scaling=HEAD_DIM**-0.5,
         sliding_window_size=-1,
+        attn_type=AttentionType[case.attn_type],
         **values,
     )
 

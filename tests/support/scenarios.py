@@ -286,6 +286,7 @@ def toy_record():
         records=records,
         catalog=[h.name for h in catalog.HOTFIXES],
         verdict=report["verdict"],
+        reason=report["reason"],
         would_patch=report["would_patch"],
         exit=code,
         headline=document["headline"],

@@ -163,9 +163,7 @@ class KVCacheAttentionAccessKind(enum.Enum):
     NATIVE_FP4 = "native_fp4"
 
 
-class AttentionType(enum.Enum):
-    DECODER = "decoder"
-    ENCODER_ONLY = "encoder_only"
+AttentionType = fp8_cases.AttentionType
 
 
 class _Env:

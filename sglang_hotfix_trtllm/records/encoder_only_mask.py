@@ -1,0 +1,237 @@
+"""The hotfix record for SGLang 0.5.22's fix of bidirectional (``ENCODER_ONLY``) layers prefilled
+with a causal mask by the TRT-LLM MHA backend (the pull request that made it was not found:
+docs/records.md says how it was looked for).
+
+Standard library only at import; FlashInfer's source is read (never imported) by
+``flashinfer_problem``.
+
+The bug (SGLang 0.5.1 to 0.5.21): ``TRTLLMHAAttnBackend.forward_extend`` prefills every layer with
+a causal mask, an ``ENCODER_ONLY`` one included: TRT-LLM-GEN's context kernel
+(``flashinfer.prefill.trtllm_batch_context_with_kv_cache``, SM100) gets no ``causal`` and runs its
+default, causal; from 0.5.19 fmha_v2 (SM90/SM120) gets ``mask_mode="causal"``. 0.5.22 passes
+``causal=layer.attn_type != AttentionType.ENCODER_ONLY`` and ``mask_mode=("padding" if
+layer.attn_type == AttentionType.ENCODER_ONLY else "causal")``. Who: BERT-family embedding models
+(BERT, XLM-R, Contriever), which declare ``ENCODER_ONLY`` layers and which SGLang serves on
+``trtllm_mha`` by default on SM100 from 0.5.7 (any release with ``--attention-backend
+trtllm_mha``): each token attends only to those before it, so embeddings and scores are wrong.
+
+Repaired on SGLang 0.5.11 to 0.5.13.post1's code (``AFFECTED``), through FlashInfer's kernel call
+site (``trtllm_kernel_site``, shared with pr28144 and pr31667): a ``forward_extend`` call whose
+layer is ``ENCODER_ONLY`` is noted, and the context kernel called inside it gets ``causal=False``,
+what 0.5.22's argument is for that layer; every other argument is SGLang's own object, and every
+other call (a decoder layer: 0.5.22's ``causal=True`` is the kernel's default) runs SGLang's
+method alone. The decode kernel (target verify) gets nothing new, as in 0.5.22.
+
+FlashInfer must take the argument: the FlashInfer that 0.5.12 to 0.5.13.post1 pin does (0.6.11.post1,
+0.6.12), 0.5.11's (0.6.8.post1) does not (its launcher hard-codes the causal mask). So for the
+installed SGLang the verdict also reads the installed FlashInfer's ``prefill.py`` (``Hotfix.environment``):
+where its context kernel has no ``causal`` parameter the verdict is ``unrepairable``, naming it.
+
+Not repaired (``unrepairable``, the release that fixes it named): 0.5.1 to 0.5.10, whose pinned
+FlashInfer has no non-causal context kernel, and 0.5.14 to 0.5.21, where a repair is possible but
+this version carries none proven on their code (0.5.19 on would also need fmha_v2's argument).
+
+Verdicts, from the live ``forward_extend``: ``affected`` for 0.5.11 to 0.5.13.post1's fingerprints
+with ``flashinfer`` bound once, nothing but ``forward_decode`` and ``forward_extend`` reaching a
+kernel, and every class method they call a known release's; ``unrepairable`` for the fingerprints
+of 0.5.1 to 0.5.10 and 0.5.14 to 0.5.21 (``UNREPAIRABLE``); ``fixed`` when every context-kernel
+call passes 0.5.22's ``causal`` and every fmha_v2 call its ``mask_mode`` (0.5.22 on); ``unknown``
+otherwise.
+"""
+
+import ast
+import os
+
+import re
+
+from .. import detect, source
+from . import pr28144, pr31667
+from . import trtllm_kernel_routes as routes
+from . import trtllm_kernel_site as site
+from ..fingerprint import of_node
+from ..record import Classification, Hotfix, Verdict
+from ..release_table import ReleaseTable
+
+NAME = "encoder_only_mask"
+CLASS_NAME = site.CLASS_NAME
+METHOD = "forward_extend"
+UPSTREAM = "SGLang 0.5.22"
+CONTEXT_KERNEL = "trtllm_batch_context_with_kv_cache"
+FMHA_V2_KERNEL = "trtllm_fmha_v2_prefill"
+# 0.5.22's arguments, as ``ast.unparse`` writes them.
+UPSTREAM_ARGUMENTS = {
+    CONTEXT_KERNEL: ("causal", "layer.attn_type != AttentionType.ENCODER_ONLY"),
+    FMHA_V2_KERNEL: ("mask_mode", "'padding' if layer.attn_type == AttentionType.ENCODER_ONLY else 'causal'"),
+}
+
+_PINNED_CAUSAL_ONLY = (
+    "with the FlashInfer this release pins (no causal argument; its launcher hard-codes the causal mask) no "
+    "argument gives upstream's attention, and this version repairs only SGLang 0.5.11 to 0.5.13.post1's code"
+)
+_NOT_BUILT = (
+    "a repair is possible here (the pinned FlashInfer takes 0.5.22's arguments), but this version carries none "
+    "proven on this release's code"
+)
+# forward_extend of the releases with the bug this version repairs (SGLang 0.5.11's pinned FlashInfer
+# lacks the argument: ``flashinfer_problem`` says so for the installed one).
+AFFECTED = {
+    "ast1:52036f0a3a55c1e1": "0.5.11 to 0.5.12.post1",
+    "ast1:a230c20003012edf": "0.5.13 to 0.5.13.post1",
+}
+# The methods of the class forward_decode and forward_extend call, by the affected releases' fingerprints.
+HELPERS = dict(pr28144.HELPERS, **{k: v for k, v in pr31667.HELPERS.items() if k not in pr28144.HELPERS})
+for _name in set(pr28144.HELPERS) & set(pr31667.HELPERS):
+    HELPERS[_name] = pr28144.HELPERS[_name] | pr31667.HELPERS[_name]
+# forward_extend of the other releases with the bug -> why this version does not repair it there.
+UNREPAIRABLE = {
+    "ast1:7d36278b2fb2e186": _PINNED_CAUSAL_ONLY,  # 0.5.1 to 0.5.4.post1 (FlashInfer 0.2.11.post3 on)
+    "ast1:9e5cb0ada11f2286": _PINNED_CAUSAL_ONLY,  # 0.5.4.post2 to 0.5.5.post3 (0.5.0)
+    "ast1:698b90cde1f1e457": _PINNED_CAUSAL_ONLY,  # 0.5.6
+    "ast1:6d6c1481adb5e890": _PINNED_CAUSAL_ONLY,  # 0.5.6.post1 to 0.5.8.post1
+    "ast1:abb1c23985dd016b": _PINNED_CAUSAL_ONLY,  # 0.5.9 (0.6.3)
+    "ast1:0aed86372ee6cb44": _PINNED_CAUSAL_ONLY,  # 0.5.10 to 0.5.10.post1 (0.6.7.post2 / .post3)
+    "ast1:23f0c5516073f00a": _NOT_BUILT,  # 0.5.14 (0.6.12)
+    "ast1:2b30e4d3df0ce7c1": _NOT_BUILT,  # 0.5.15 to 0.5.15.post1
+    "ast1:4ad5c50d4b93e383": _NOT_BUILT,  # 0.5.16 (0.6.14)
+    "ast1:23f9337ee95778ca": _NOT_BUILT,  # 0.5.17 (0.6.15.post1)
+    "ast1:b67ea40bc44f7dcd": _NOT_BUILT,  # 0.5.18 (0.6.17)
+    "ast1:6431b3b2463a8083": _NOT_BUILT,  # 0.5.19 (0.6.18)
+    "ast1:586829385e017f50": _NOT_BUILT,  # 0.5.20
+    "ast1:a639d577cfcfba4f": _NOT_BUILT,  # 0.5.21
+}
+
+WHAT = (
+    "ENCODER_ONLY (bidirectional) layers are prefilled with a causal mask: BERT-family embedding models (served on "
+    "trtllm_mha by default on SM100 from SGLang 0.5.7) get wrong embeddings and scores. Not repaired: %s; upgrade "
+    "to SGLang 0.5.22 if you serve encoder-only models with trtllm_mha"
+)
+
+
+# --------------------------------------------------------------------------
+# The repair, at FlashInfer's kernel call site
+
+
+def _encoder_only(layer):
+    attn_type = getattr(layer, "attn_type", None)
+    return getattr(attn_type, "name", None) == "ENCODER_ONLY"
+
+
+def needs_repair(backend, layer, q, wrapped):
+    """A ``forward_extend`` call of an ``ENCODER_ONLY`` layer (attribute reads only): the one call
+    whose prefill kernel upstream passes something the release does not."""
+    return wrapped.__name__ == METHOD and _encoder_only(layer)
+
+
+def upstream_arguments(call, kwargs):
+    """0.5.22's ``causal=layer.attn_type != AttentionType.ENCODER_ONLY`` for the noted (encoder-only)
+    call: False, on the context kernel; the decode kernel's arguments are the release's."""
+    if call.kernel != CONTEXT_KERNEL or not _encoder_only(call.layer):
+        return kwargs
+    return dict(kwargs, causal=False)
+
+
+site.register(NAME, needs_repair, upstream_arguments)
+
+
+# --------------------------------------------------------------------------
+# FlashInfer must take the argument
+
+
+_CONTEXT_SIGNATURE = re.compile(r"\ndef %s\((.*?)\)\s*(?:->[^:]*)?:" % CONTEXT_KERNEL, re.S)
+
+
+def flashinfer_problem():
+    """None when the FlashInfer this Python would import takes ``causal`` on its context kernel (or
+    there is none: no kernel runs), else why not. Reads ``flashinfer/prefill.py`` (found as the
+    import system would, never imported); the text of the signature only, not a parse."""
+    located = source.locate("flashinfer.prefill")
+    if located.path is None:
+        return None if not located.package_found else "FlashInfer's prefill module cannot be read: %s" % located.reason
+    try:
+        text = source.read_text(located.path)
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        return "cannot read %s: %s" % (located.path, error)
+    found = _CONTEXT_SIGNATURE.search(text)
+    if found is None:
+        return "%s defines no %s" % (located.path, CONTEXT_KERNEL)
+    if not re.search(r"\bcausal\b", found.group(1)):
+        return (
+            "the installed FlashInfer's %s takes no causal argument (%s; FlashInfer 0.6.11.post1 and later take "
+            "it): no argument gives upstream's attention" % (CONTEXT_KERNEL, located.path)
+        )
+    return None
+
+
+def environment_problem():
+    """``Hotfix.environment``: the unrepairable reason where the installed FlashInfer cannot take the repair."""
+    problem = flashinfer_problem()
+    return None if problem is None else WHAT % problem
+
+
+# --------------------------------------------------------------------------
+# Recognising the code
+
+
+def kernel_calls(extend):
+    """(kernel name, call node) for every call of the two prefill kernels in the method."""
+    return [
+        (node.func.attr, node)
+        for node in ast.walk(extend)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in UPSTREAM_ARGUMENTS
+    ]
+
+
+def _passes_upstreams_argument(name, call):
+    keyword, text = UPSTREAM_ARGUMENTS[name]
+    given = [k for k in call.keywords if k.arg == keyword]
+    return len(given) == 1 and ast.unparse(given[0].value) == text
+
+
+def classify(tree):
+    """Classify the source of ``trtllm_mha_backend`` (an ``ast.Module``)."""
+    cls, class_problem = detect.live_class(tree, CLASS_NAME)
+    if cls is None:
+        return Classification(Verdict.UNKNOWN, class_problem, of_node(tree))
+    extend, problem = detect.live_methods(tree, cls, (METHOD,))[METHOD]
+    if problem or extend is None:
+        return Classification(Verdict.UNKNOWN, problem or "%s.%s not found" % (CLASS_NAME, METHOD), of_node(cls))
+    fingerprint = of_node(extend)
+
+    def verdict(value, reason):
+        return Classification(value, reason, fingerprint, detect.first_line_of(extend))
+
+    calls = kernel_calls(extend)
+    if calls and all(_passes_upstreams_argument(name, call) for name, call in calls):
+        return verdict(Verdict.FIXED, "every prefill kernel call passes the layer's mask (causal unless ENCODER_ONLY)")
+    if fingerprint in AFFECTED:
+        decode, problem = detect.live_methods(tree, cls, ("forward_decode",))["forward_decode"]
+        if problem or decode is None:
+            return verdict(Verdict.UNKNOWN, problem or "%s.forward_decode not found" % CLASS_NAME)
+        live = detect.live_methods(tree, cls, tuple(HELPERS))
+        problem = routes.problem(tree, cls, live, [decode, extend], HELPERS)
+        if problem:
+            return verdict(Verdict.UNKNOWN, problem)
+        return verdict(
+            Verdict.AFFECTED,
+            "forward_extend prefills ENCODER_ONLY (bidirectional) layers with the context kernel's causal mask. "
+            "Repaired: kernel calls through the module's flashinfer",
+        )
+    if fingerprint in UNREPAIRABLE:
+        return verdict(Verdict.UNREPAIRABLE, WHAT % UNREPAIRABLE[fingerprint])
+    return verdict(Verdict.UNKNOWN, "forward_extend is not the code of a release this hotfix knows")
+
+
+HOTFIX = Hotfix(
+    name=NAME,
+    upstream=UPSTREAM,
+    summary="TRT-LLM MHA prefills ENCODER_ONLY (bidirectional) layers without a causal mask",
+    effect="FlashInfer's TRT-LLM context kernel receives causal=False for ENCODER_ONLY layers",
+    distribution="sglang",
+    target="%s.%s.%s" % (site.MODULE, CLASS_NAME, METHOD),
+    gates=((site.GATED_GLOBAL, site.make_gate),),  # armed by the first call that needs a repair
+    site=site.SITE,
+    classify=classify,
+    wrapper=site.note_the_call,
+    environment=environment_problem,
+    known_fingerprints=ReleaseTable(os.path.join(os.path.dirname(os.path.abspath(__file__)), NAME + "_releases.json")),
+)

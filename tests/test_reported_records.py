@@ -1,0 +1,219 @@
+"""The records of SGLang 0.5.22's fixes that report a bug where they cannot repair it:
+xqa_draft_extend (EAGLE/MTP draft extend on XQA: reported wherever it runs) and encoder_only_mask
+(ENCODER_ONLY layers prefilled causal: repaired on 0.5.11 to 0.5.13.post1, test_encoder_only_mask;
+reported on the other releases with the bug). docs/records.md says why.
+
+Verdicts: every release of the shipped tables from its own source. ``fixed`` is 0.5.22's change in
+substance: 0.5.21 with 0.5.22's statements or arguments put in by AST reads fixed, and with any one
+of them left out it does not. An unrepairable release is said as such by ``status`` (NOT PROTECTED,
+exit 1, the record and the release that fixes it named); turned off by name, the bug is accepted
+and the first line says so, with exit 0.
+"""
+
+import ast
+import copy
+import json
+import subprocess
+import sys
+
+import pytest
+from packaging.version import Version
+
+import release_selection
+from conftest import clean_env
+from sglang_hotfix_trtllm import detect
+from sglang_hotfix_trtllm.record import Verdict
+from sglang_hotfix_trtllm.records import encoder_only_mask, xqa_draft_extend
+
+BACKEND = "sglang/srt/layers/attention/trtllm_mha_backend.py"
+FIXED_IN = "0.5.22"
+# record -> the first release with its bug (before it: not-applicable)
+FIRST_WITH_THE_BUG = {
+    encoder_only_mask: "0.5.1",  # every release's prefill call runs causal
+    xqa_draft_extend: "0.5.14",  # draft extend on the decode kernel with an FP8 query and no mask
+}
+RECORDS = {record.NAME: record for record in FIRST_WITH_THE_BUG}
+
+
+REPAIRED = {encoder_only_mask: ("0.5.11", "0.5.14")}  # record -> [first, end) of the releases it repairs
+
+
+def expected_verdict(record, release):
+    version = Version(release)
+    if version < Version(FIRST_WITH_THE_BUG[record]):  # forward_extend never asks is_draft_extend_v2
+        return Verdict.NOT_APPLICABLE
+    if version >= Version(FIXED_IN):
+        return Verdict.FIXED
+    first, end = REPAIRED.get(record, ("0", "0"))
+    return Verdict.AFFECTED if Version(first) <= version < Version(end) else Verdict.UNREPAIRABLE
+
+
+def _tree(release):
+    return ast.parse((release_selection.release_dir(release) / BACKEND).read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("name", sorted(RECORDS))
+def test_shipped_table_gives_every_release_its_verdict(name):
+    record = RECORDS[name]
+    table = release_selection.table(record.HOTFIX)
+    assert record.HOTFIX.known_fingerprints.problem is None
+    assert len([r for r in table if Version(r) <= Version("0.5.23")]) == 42
+    wrong = {r: row["verdict"] for r, row in table.items() if row["verdict"] != expected_verdict(record, r).value}
+    assert wrong == {}
+
+
+QUICK = ("0.5.1", "0.5.11", "0.5.12", "0.5.13.post1", "0.5.14", "0.5.21", "0.5.22", "0.5.23")
+
+
+@pytest.mark.parametrize("name", sorted(RECORDS))
+@pytest.mark.parametrize("release", release_selection.selected(release_selection.table(xqa_draft_extend.HOTFIX), QUICK))
+def test_release_gets_its_verdict_from_its_own_source(name, release):
+    record = RECORDS[name]
+    assessment = detect.assess_source(record.HOTFIX, str(release_selection.release_dir(release) / BACKEND))
+    assert assessment.verdict is expected_verdict(record, release), assessment.reason
+    assert assessment.fingerprint == release_selection.table(record.HOTFIX)[release]["fingerprint"]
+    if assessment.verdict is Verdict.UNREPAIRABLE:
+        assert "0.5.22" in assessment.reason
+
+
+def _extend(tree):
+    cls, _ = detect.live_class(tree, xqa_draft_extend.CLASS_NAME)
+    return detect.live_methods(tree, cls, ("forward_extend",))["forward_extend"][0]
+
+
+def _draft_extend_change(release_tree, fixed_tree, leave_out=()):
+    """``release_tree`` with 0.5.22's three statements put into its forward_extend, taken from
+    0.5.22's own method: ``uses_decode_kernel`` before ``q_scale = 1.0``, the FP8 cast's condition on
+    it, the mask on ``max_seq_len_q > 1`` alone."""
+    tree = copy.deepcopy(release_tree)
+    extend, fixed = _extend(tree), _extend(fixed_tree)
+    by_text = {ast.unparse(n): n for n in ast.walk(fixed) if isinstance(n, (ast.stmt, ast.expr))}
+    assignment = by_text[xqa_draft_extend.USES_DECODE_KERNEL]
+    condition = by_text[xqa_draft_extend.CAST_CONDITION]
+    mask = by_text[xqa_draft_extend.MASK]
+    done = set()
+    for node in ast.walk(extend):
+        for field, value in ast.iter_fields(node):
+            if isinstance(value, list):
+                for i, child in enumerate(value):
+                    text = ast.unparse(child) if isinstance(child, ast.AST) else None
+                    if text == "q_scale = 1.0" and "assignment" not in leave_out and "assignment" not in done:
+                        value.insert(i, copy.deepcopy(assignment))
+                        done.add("assignment")
+                        break
+                    if text == "not self.is_xqa_impl or not forward_batch.forward_mode.is_target_verify()":
+                        if "condition" not in leave_out:
+                            value[i] = copy.deepcopy(condition)
+                            done.add("condition")
+            elif isinstance(value, ast.IfExp) and ast.unparse(value.body) == "self._xqa_spec_dec_mask":
+                if "mask" not in leave_out:
+                    setattr(node, field, copy.deepcopy(mask))
+                    done.add("mask")
+    assert done == {"assignment", "condition", "mask"} - set(leave_out), done
+    return ast.fix_missing_locations(tree)
+
+
+def _encoder_only_change(release_tree, fixed_tree, leave_out=()):
+    """``release_tree`` with 0.5.22's two arguments, taken from 0.5.22's own calls: the context
+    kernel's ``causal`` added, fmha_v2's ``mask_mode`` replaced."""
+    tree = copy.deepcopy(release_tree)
+    upstream = {}
+    for name, call in encoder_only_mask.kernel_calls(_extend(fixed_tree)):
+        keyword = encoder_only_mask.UPSTREAM_ARGUMENTS[name][0]
+        upstream[name] = next(k for k in call.keywords if k.arg == keyword)
+    done = set()
+    for name, call in encoder_only_mask.kernel_calls(_extend(tree)):
+        if name in leave_out:
+            continue
+        keyword = upstream[name]
+        call.keywords = [k for k in call.keywords if k.arg != keyword.arg] + [copy.deepcopy(keyword)]
+        done.add(name)
+    assert done == set(upstream) - set(leave_out), done
+    return ast.fix_missing_locations(tree)
+
+
+CHANGES = {
+    "xqa_draft_extend": (_draft_extend_change, ("assignment", "condition", "mask")),
+    "encoder_only_mask": (_encoder_only_change, (encoder_only_mask.CONTEXT_KERNEL, encoder_only_mask.FMHA_V2_KERNEL)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RECORDS))
+def test_upstream_change_inserted_into_the_last_affected_release_reads_fixed(name):
+    record, (change, _) = RECORDS[name], CHANGES[name]
+    release, fixed = _tree("0.5.21"), _tree(FIXED_IN)
+    assert record.classify(release).verdict is Verdict.UNREPAIRABLE
+    assert record.classify(change(release, fixed)).verdict is Verdict.FIXED
+
+
+@pytest.mark.parametrize("name, left_out", [(name, part) for name in sorted(CHANGES) for part in CHANGES[name][1]])
+def test_upstream_change_with_a_part_left_out_is_not_called_fixed(name, left_out):
+    """Half of the fix is not the fix: the query still FP8 (condition), no mask for draft extend,
+    one of the two prefill kernels still causal."""
+    record, (change, _) = RECORDS[name], CHANGES[name]
+    changed = change(_tree("0.5.21"), _tree(FIXED_IN), leave_out=(left_out,))
+    classification = record.classify(changed)
+    assert classification.verdict is Verdict.UNKNOWN, classification.reason
+
+
+def _status(release, disable=None):
+    env = clean_env(PYTHONPATH=str(release_selection.installed(release)))
+    if disable:
+        env["SGLANG_HOTFIX_TRTLLM_DISABLE"] = disable
+    ran = subprocess.run(
+        [sys.executable, "-m", "sglang_hotfix_trtllm", "status", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return ran.returncode, json.loads(ran.stdout)
+
+
+def test_an_unrepairable_release_is_not_protected_and_says_what_fixes_it():
+    """SGLang 0.5.19 installed (the real package): NOT PROTECTED with exit 1, both records named
+    with the release that fixes them; neither would patch. (The import's WARNING: test_toy_record's
+    unrepairable case, through the same engine path.)"""
+    code, document = _status("0.5.19")
+    assert code == 1 and document["exit_status"] == 1
+    headline = document["headline"]
+    assert headline.startswith("NOT PROTECTED: SGLang 0.5.19: record encoder_only_mask, xqa_draft_extend ")
+    assert headline.count("SGLang 0.5.22 fixes it") == 2 and "(record xqa_workspace would be patched)" in headline
+    for name in RECORDS:
+        (block,) = [r for r in document["hotfixes"] if r["hotfix"] == name]
+        assert block["verdict"] == "unrepairable" and block["would_patch"] is False and "0.5.22" in block["reason"]
+
+
+@pytest.mark.parametrize(
+    "release, disable, code, opening",
+    [
+        # both turned off by name: accepted, and the first line says so
+        (
+            "0.5.19",
+            "encoder_only_mask,xqa_draft_extend",
+            0,
+            "PROTECTED: SGLang 0.5.19 has the bugs of record xqa_workspace;",
+        ),
+        (
+            "0.5.17",
+            "encoder_only_mask,xqa_draft_extend",
+            0,
+            "NOTHING TO DO: SGLang 0.5.17; record encoder_only_mask, xqa_draft_extend turned off",
+        ),
+        # one of the two still runs: still NOT PROTECTED, naming only that one
+        ("0.5.19", "encoder_only_mask", 1, "NOT PROTECTED: SGLang 0.5.19: record xqa_draft_extend would run"),
+        # a record that could repair, turned off: its bug runs, NOT PROTECTED as before
+        (
+            "0.5.19",
+            "xqa_workspace,encoder_only_mask,xqa_draft_extend",
+            1,
+            "NOT PROTECTED: SGLang 0.5.19: record xqa_workspace would run",
+        ),
+    ],
+)
+def test_an_unrepairable_record_turned_off_by_name_is_accepted_and_said(release, disable, code, opening):
+    got, document = _status(release, disable)
+    assert (got, document["exit_status"]) == (code, code), document["headline"]
+    assert document["headline"].startswith(opening), document["headline"]
+    if code == 0:
+        assert "its bug runs unrepaired, accepted as not served here" in document["headline"]
