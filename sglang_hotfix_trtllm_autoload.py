@@ -105,6 +105,30 @@ def _load_import_hook(subject):
     return import_hook
 
 
+def without_import_lock(function, *args):
+    """``function(*args)`` with the global import lock let go, if this thread holds it, and taken
+    back as often after. importlib holds that lock while it asks each meta-path finder
+    (``_find_spec``), and an import needs a module's own lock *before* the global one
+    (``_find_and_load``): a finder that imports while holding the global lock waits for a thread
+    importing the same module, which waits for the global lock: both hang (issue 36, item 7). So
+    the hook's imports run without it, as any import outside a finder does."""
+    import _imp
+
+    held = 0
+    try:
+        while _imp.lock_held():
+            _imp.release_lock()  # RuntimeError when another thread holds it: nothing of ours to let go
+            held += 1
+    except RuntimeError:
+        pass
+    try:
+        return function(*args)
+    finally:
+        while held:
+            _imp.acquire_lock()
+            held -= 1
+
+
 def find_spec(fullname, path=None, target=None):
     """Meta-path finder: None for all but the watched modules; for those, the
     regular spec with a loader that hands the module to the engine once run.
@@ -112,6 +136,10 @@ def find_spec(fullname, path=None, target=None):
     finder is armed without reading the environment."""
     if fullname not in WATCHED_MODULES or switch_on(DISABLE_VARIABLE):
         return None
+    return without_import_lock(_spec_from_the_hook, fullname, path, target)
+
+
+def _spec_from_the_hook(fullname, path, target):
     hook = _load_import_hook(fullname)
     return None if hook is None else hook.find_spec(fullname, path, target)
 
@@ -198,11 +226,16 @@ class _AfterImport:
                 continue
             if module is not None:
                 done.append((name, module))
-        for name, module in done:
-            hook = _load_import_hook(name)
-            if hook is not None:
-                hook.module_executed(module, name)
+        if done:
+            without_import_lock(_hand_over, done)  # it imports the engine (see without_import_lock)
         return None
+
+
+def _hand_over(done):
+    for name, module in done:
+        hook = _load_import_hook(name)
+        if hook is not None:
+            hook.module_executed(module, name)
 
 
 def uninstall():
@@ -217,20 +250,31 @@ def is_installed():
 
 # What the .pth finder runs when a watched module is looked up: load this
 # module (the failure of that is the only one caught: strict mode's ImportError
-# from ``find_spec`` must reach the importer) and ask its ``find_spec``. ``args``
+# from ``find_spec`` must reach the importer) and ask its ``find_spec``, with
+# the global import lock let go meanwhile and taken back after, as often as
+# this thread held it (``without_import_lock`` says why; this string cannot
+# call it before it has imported this module). ``args``
 # holds the finder's arguments; ``spec`` comes back through the finder's own
 # dictionary. Every character here is read at each start (the .pth line holds
 # it), so it stays short; its one line goes to descriptor 2 with os.write, for
 # the reason ``write_stderr`` gives.
 _LOOKUP = (
     "global spec\n"
-    "try:from sglang_hotfix_trtllm_autoload import find_spec as f\n"
-    "except Exception as e:\n"
-    " f=None\n"
-    " try:import os;os.write(2,('sglang-hotfix-trtllm: startup module failed (%r); %s is imported unpatched."
+    "import _imp\n"
+    "n=0\n"
+    "try:\n"
+    " while _imp.lock_held():_imp.release_lock();n+=1\n"
+    "except RuntimeError:pass\n"
+    "try:\n"
+    " try:from sglang_hotfix_trtllm_autoload import find_spec as f\n"
+    " except Exception as e:\n"
+    "  f=None\n"
+    "  try:import os;os.write(2,('sglang-hotfix-trtllm: startup module failed (%r); %s is imported unpatched."
     " Reinstall sglang-hotfix-trtllm or delete its .pth file\\n'%(e,args[0])).encode())\n"
-    " except Exception:pass\n"
-    "spec=f and f(*args)"
+    "  except Exception:pass\n"
+    " spec=f and f(*args)\n"
+    "finally:\n"
+    " while n:_imp.acquire_lock();n-=1"
 )
 
 

@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 import sglang_hotfix_trtllm_autoload as autoload
 from conftest import clean_env, run_python, shadow
 from sglang_hotfix_trtllm import switches
@@ -36,14 +38,16 @@ def test_disabled_process_loads_nothing_of_the_hotfix_when_sglang_imports_the_ba
     assert ran.result == {"ours": [], "type": "function"}
 
 
-def test_a_lookup_racing_an_import_of_the_startup_module_never_hangs(tmp_path):
+@pytest.mark.parametrize("importing", ["sglang_hotfix_trtllm_autoload", "sglang_hotfix_trtllm"])
+def test_a_lookup_racing_an_import_of_the_hotfix_never_hangs(tmp_path, importing):
     """Issue 36, item 7: the ``.pth`` finder imported the startup module while importlib held the
     global import lock; a thread importing that module (``apply()``, the plugin entry point) held
     its module lock and waited for the global one: a hang in about 1 of 12 runs of six processes.
-    Reproduced every time by ``support/import_lock_probe.py``; the finder now imports with the
-    global lock let go (and takes it back after)."""
+    Reproduced every time by ``support/import_lock_probe.py``, for the ``.pth`` finder's import of the
+    startup module and for the startup module's import of the hook from the package; the finders now
+    import with the global lock let go (and take it back after)."""
     probe = os.path.join(REPO, "tests", "support", "import_lock_probe.py")
-    ran = run_python([probe, autoload.startup_line()], cwd=tmp_path, env=clean_env(), timeout=60)
+    ran = run_python([probe, autoload.startup_line(), importing], cwd=tmp_path, env=clean_env(), timeout=60)
     assert ran.returncode == 0 and ran.result == "done", ran
 
 

@@ -6,8 +6,10 @@ module's lock (``_find_and_load``'s first step) and next needs the global lock (
 A finder that imports while holding the global lock waits for B, which waits for A: the process
 hangs. Prints ``RESULT:done`` when both finish (the caller's timeout catches the hang).
 
-Run as ``python import_lock_probe.py LINE`` with ``LINE`` the ``.pth`` line (armed here if the
-interpreter's site did not arm it)."""
+Run as ``python import_lock_probe.py LINE MODULE`` with ``LINE`` the ``.pth`` line (armed here if
+the interpreter's site did not arm it) and ``MODULE`` the module B is importing: the startup module
+(the ``.pth`` finder's own import), or ``sglang_hotfix_trtllm`` (``apply()``'s package, which the
+startup module's finder imports the hook from; the startup module is then loaded first)."""
 
 import _imp
 import importlib._bootstrap as bootstrap
@@ -18,8 +20,11 @@ import time
 line = sys.argv[1]
 exec(line)  # the .pth line: arms the finder (once)
 NAME = "sglang.srt.layers.attention.trtllm_mha_backend"
-assert "sglang_hotfix_trtllm_autoload" not in sys.modules
-module_lock = bootstrap._get_module_lock("sglang_hotfix_trtllm_autoload")
+importing = sys.argv[2]
+if importing != "sglang_hotfix_trtllm_autoload":
+    import sglang_hotfix_trtllm_autoload  # noqa: F401 (loaded: A's finder imports the package next)
+assert importing not in sys.modules
+module_lock = bootstrap._get_module_lock(importing)
 module_lock.acquire()  # B: _find_and_load's first step for the startup module
 
 
