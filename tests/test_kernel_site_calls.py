@@ -84,3 +84,37 @@ def test_remove_with_a_call_in_flight_says_nothing_of_a_failure(caplog):
         patch.remove_all()
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert warnings == []
+
+
+def test_the_kernel_as_the_gated_module_hands_it_out_says_what_the_kernel_says_of_itself():
+    """Item 6: a HookRegistry hook's ``functools.wraps`` of the kernel, or a profiler's label, read
+    the hotfix's ``__module__`` and ``__doc__``. They are the kernel's now, and ``__wrapped__`` leads
+    to it (``inspect.signature``, ``inspect.unwrap``). What still differs is documented
+    (docs/design.md, Limits): it is not a function object, and ``importlib.reload`` of the gated
+    global cannot work."""
+    import functools
+    import inspect
+
+    module = fp8_cases.load_backend_module(release_selection.release_dir(RELEASE))
+    recorder = module.flashinfer.decode.trtllm_batch_decode_with_kv_cache
+
+    def trtllm_batch_decode_with_kv_cache(query, kv_cache, workspace_buffer, **kwargs):
+        """FlashInfer's docstring."""
+        return recorder(query=query, kv_cache=kv_cache, workspace_buffer=workspace_buffer, **kwargs)
+
+    trtllm_batch_decode_with_kv_cache.__module__ = "flashinfer.decode"
+    module.flashinfer.decode.trtllm_batch_decode_with_kv_cache = trtllm_batch_decode_with_kv_cache
+    call, _ = _call(module, _case("strided"), 4)
+    patch.wrap(HOTFIX, module, detect.assess_module(HOTFIX, module))
+    try:
+        call()  # needs the repair: arms the gate
+        handed_out = module.flashinfer.decode.trtllm_batch_decode_with_kv_cache
+        assert handed_out is not trtllm_batch_decode_with_kv_cache  # the gate's stand-in
+        for name in ("__module__", "__name__", "__qualname__", "__doc__"):
+            assert getattr(handed_out, name) == getattr(trtllm_batch_decode_with_kv_cache, name), name
+        assert inspect.unwrap(handed_out) is trtllm_batch_decode_with_kv_cache
+        assert inspect.signature(handed_out) == inspect.signature(trtllm_batch_decode_with_kv_cache)
+        hooked = functools.wraps(handed_out)(lambda *a, **k: handed_out(*a, **k))
+        assert (hooked.__module__, hooked.__doc__) == ("flashinfer.decode", "FlashInfer's docstring.")
+    finally:
+        patch.remove_all()

@@ -193,12 +193,26 @@ def _no_gate_reason(module):
     return "the hotfix's gate could not be put in %s.%s" % (MODULE, GATED_GLOBAL)
 
 
+def _stand_in_for(stand_in, kernel):
+    """What the kernel says of itself, said by what the gated module hands out in its place: its
+    ``__module__``, ``__name__``, ``__qualname__`` and ``__doc__`` (a profiler's label, a
+    HookRegistry hook's ``functools.wraps``), and ``__wrapped__`` (``inspect.signature`` and
+    ``inspect.unwrap`` reach the kernel). What still differs, and why: docs/design.md, Limits."""
+    for name in ("__module__", "__name__", "__qualname__", "__doc__"):
+        try:
+            stand_in.__dict__[name] = getattr(kernel, name)
+        except AttributeError:
+            pass
+    stand_in.__dict__["__wrapped__"] = kernel
+
+
 class _GatedKernel:
     """A FlashInfer kernel as the gated module reaches it."""
 
     # No __slots__: TorchDynamo guards on the kernel's ``__dict__`` as SGLang's code reaches it.
     def __init__(self, kernel, gate, name):
         self.kernel, self.gate, self.name = kernel, gate, name
+        _stand_in_for(self, kernel)
 
     def __call__(self, *args, **kwargs):
         call = _current_call.get()
@@ -229,6 +243,7 @@ class _ArgumentRepairedKernel:
 
     def __init__(self, kernel, repair, gate):
         self.kernel, self.repair, self.gate = kernel, repair, gate
+        _stand_in_for(self, kernel)
 
     def __call__(self, *args, **kwargs):
         if self.gate._self_hotfix_on:
