@@ -34,8 +34,12 @@ STATUS_HELP = (
      or a bug the record recognises but cannot repair exactly here (unrepairable)
   2  the hotfix would refuse: unknown code, or wrapt missing or broken; or this Python has no SGLang
      (the plugin installed with another interpreter's pip)
-  3  --source names a path that cannot be examined (missing, no backend file in it, unreadable),
-     or a part of the folder cannot be read: the verdicts of what could be read are still printed
+  3  --source names a path that cannot be examined (missing, not a Python source file, no backend
+     file in it, unreadable), or a part of the folder cannot be read: the verdicts of what could be
+     read are still printed
+with --source, 0 to 2 answer for the code read, as if the plugin were installed by pip where it runs:
+  0  every file would be protected or has nothing to do; 1  a file has a bug a record recognises but
+  cannot repair; 2  a file's code is not recognised. The first line says it in the same words
 
 """
     + SWITCHES_HELP
@@ -191,11 +195,46 @@ def _status_of_source(arguments, state):
         sources = [documents[-1]] if single else documents[-1]["sources"]
         texts.append("".join(_human(r, state) + ("\n" if len(sources) > 1 else "") for r in sources))
         worst = max(worst, code)
+    lines, code = _source_headlines(documents, state)
+    worst = max(worst, code)  # a part of the folder that could not be read keeps its 3
     if arguments.json:
-        # As for the environment: the first record's document at the top level, every record's under "hotfixes".
-        document = dict(documents[0], hotfixes=documents)
+        # As for the environment: the first record's document at the top level, every record's under
+        # "hotfixes"; "headline" and "exit_status" the answer across every record and file.
+        document = dict(documents[0], hotfixes=documents, headline=lines[0], exit_status=worst)
+        if len(lines) > 1:
+            document["file_headlines"] = lines[1:]
         return _write_result(json.dumps(document, indent=2, sort_keys=True) + "\n", worst)
-    return _write_result("\n".join(texts), worst)
+    return _write_result("\n".join(lines) + "\n\n" + "\n".join(texts), worst)
+
+
+def _source_headlines(documents, state):
+    """(lines, exit status): the first line of ``status --source`` for what was judged, in the words
+    of ``status`` for an installed SGLang, read as "with the plugin installed by pip where this
+    code runs"; for a folder, an opening line across its files, then one line per file."""
+    verdicts = {}  # path -> {record: verdict}
+    for document in documents:
+        for report in document.get("sources", [document]):
+            verdicts.setdefault(report["source_path"], {})[report["hotfix"]] = report["verdict"]
+    upstreams = {hotfix.name: hotfix.upstream for hotfix in catalog.HOTFIXES}
+    judged = [
+        (path,) + state.headline_of_verdicts(_shown(path), by_record, upstreams) for path, by_record in verdicts.items()
+    ]
+    code = max(file_code for _, _, file_code in judged)
+    if len(judged) == 1:
+        return [judged[0][1]], code
+    words = [line.split(":", 1)[0] for _, line, _ in judged]
+    word = {2: "CANNOT PATCH", 1: "NOT PROTECTED"}.get(code) or (
+        "PROTECTED" if "PROTECTED" in words else "NOTHING TO DO"
+    )
+    counts = ", ".join("%d %s" % (words.count(w), w) for w in dict.fromkeys(words))
+    return ["%s: %d backend files: %s (one line each below)" % (word, len(judged), counts)] + [
+        line for _, line, _ in judged
+    ], code
+
+
+def _shown(path):
+    """A path as one line can carry it: as Python writes it where it holds a control character."""
+    return path if path.isprintable() else ascii(path)
 
 
 def verify(arguments):

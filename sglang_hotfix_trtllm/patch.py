@@ -300,6 +300,19 @@ def _holds(value, gate):
     return False
 
 
+def defining_class(module, class_name):
+    """The class the module's source defines as ``class_name``, found from what the module binds
+    under that name now: that class itself, or, where a subclass was put in its place (SGLang's
+    HookRegistry REPLACE, a plugin), the first class of the subclass's MRO that the module defines
+    under that name. The records wrap that class's methods, which the subclass inherits. None when
+    the name is bound to nothing deriving from it."""
+    bound = vars(module).get(class_name)
+    for candidate in getattr(bound, "__mro__", ()) if isinstance(bound, type) else ():
+        if candidate.__dict__.get("__module__") == module.__name__ and candidate.__qualname__ == class_name:
+            return candidate
+    return None
+
+
 def wrap(hotfix, module, assessment):
     """Wrap the record's methods on their class (all or none) and put its gates
     in the module. Returns "wrapped" or "already".
@@ -310,7 +323,15 @@ def wrap(hotfix, module, assessment):
     Raises ``NotWrappable`` when the hotfix must stand aside.
     """
     with _lock:
-        cls = getattr(module, hotfix.class_name)
+        cls = defining_class(module, hotfix.class_name)
+        if cls is None:
+            raise NotWrappable(
+                "%s.%s is %r, which does not derive from the class the module's source defines"
+                % (hotfix.module, hotfix.class_name, vars(module).get(hotfix.class_name))
+            )
+        missing = [name for name in hotfix.method_names if name not in cls.__dict__]
+        if missing:
+            raise NotWrappable("%s.%s does not define %s" % (hotfix.module, hotfix.class_name, ", ".join(missing)))
         found = [(name, cls.__dict__[name]) for name in hotfix.method_names]
         ours = [_ours_in_chain(current, hotfix, name) for name, current in found]
         shared = [_ours_in_chain(current, hotfix, name, _is_site_wrapper) for name, current in found]
@@ -394,7 +415,7 @@ def arm_gates(hotfix, module, names=None):
     meanwhile) or the module lacks a global it gates (SGLang binds ``flashinfer`` only where
     it imports it: the module's own code cannot reach it either)."""
     with _lock:
-        cls = vars(module).get(hotfix.class_name)
+        cls = defining_class(module, hotfix.class_name)
         if not any(
             isinstance(e, Applied) and e.hotfix is hotfix and e.enabled and e.cls_ref() is cls for e in _applied
         ):
@@ -527,6 +548,6 @@ def _module_of(hotfix, cls):
     candidates = [e.module_ref() for e in _applied if isinstance(e, Gate) and e.make_gate in makers]
     candidates.append(sys.modules.get(cls.__module__))
     for module in candidates:
-        if module is not None and vars(module).get(hotfix.class_name) is cls:
+        if module is not None and defining_class(module, hotfix.class_name) is cls:
             return module
     return None

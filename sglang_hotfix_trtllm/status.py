@@ -172,6 +172,14 @@ SKIPPED_FOLDER_NAMES = frozenset((".git", ".hg", ".svn", "__pycache__"))
 SKIPPED_FOLDER_PATHS = frozenset(("/proc", "/sys", "/dev"))
 
 
+def _is_zip(path):
+    try:
+        with open(path, "rb") as opened:
+            return opened.read(4) == b"PK\x03\x04"
+    except OSError:
+        return False
+
+
 def backend_files(hotfix, root):
     """(files, unreadable): every source file of the hotfix's target module under ``root`` (a
     file, or a folder: an image root, a site-packages folder, a checkout, dot-folders such as a
@@ -187,6 +195,11 @@ def backend_files(hotfix, root):
     if os.path.isfile(root):
         if not os.access(root, os.R_OK):
             raise PathProblem("cannot read %s: permission denied" % root)
+        if not root.endswith(".py"):
+            raise PathProblem(
+                "%s is not a Python source file: give a %s, or a folder (an image root, a site-packages) to search"
+                "%s" % (root, name, " (a wheel is a zip archive: unpack it first)" if _is_zip(root) else "")
+            )
         return [root], []
     key = (os.path.abspath(root), name)
     readable, unreadable = _walked[key] if _walked is not None and key in _walked else _walk(root, name)
@@ -317,11 +330,13 @@ def _why_open(report):
     return report["would_patch_reason"]
 
 
-def overall_headline(reports, code):
+def overall_headline(reports, code, subject=None):
     """The one first line of ``status``: a verdict across every record, whose
     first word matches the exit status ``code`` (0 PROTECTED or NOTHING TO DO,
-    1 NOT PROTECTED, 2 CANNOT PATCH). The Docker recipe reads this line."""
+    1 NOT PROTECTED, 2 CANNOT PATCH). The Docker recipe reads this line.
+    ``subject``: what the line speaks of, "SGLang <version>" unless given (a file's path)."""
     version = next((r.get("sglang_version") for r in reports if r.get("sglang_version")), None) or "(version unknown)"
+    sglang = subject or "SGLang %s" % version
     affected = [r for r in reports if r["verdict"] == "affected"]
     names = lambda rs: ", ".join(r["hotfix"] for r in rs)  # noqa: E731
     if code == EXIT_ERROR and reports and not any(r.get("sglang_installed", True) for r in reports):
@@ -344,8 +359,8 @@ def overall_headline(reports, code):
             for r in reports
             if r["verdict"] in ("affected", "unknown", "unrepairable") and not r["would_patch"] and r not in accepted
         ]
-        return "NOT PROTECTED: SGLang %s: record %s would run unpatched in a new process: %s%s" % (
-            version,
+        return "NOT PROTECTED: %s: record %s would run unpatched in a new process: %s%s" % (
+            sglang,
             names(open_),
             "; ".join("%s: %s" % (r["hotfix"], _why_open(r)) for r in open_),
             " (record %s would be patched)" % names(patched) if patched else "",
@@ -359,22 +374,58 @@ def overall_headline(reports, code):
     if affected:
         coverage = {r.get("covered_processes") for r in affected}
         words = COVERAGE_WORDS.get(coverage.pop()) if len(coverage) == 1 else None
-        return "PROTECTED: SGLang %s has the bugs of record %s; %s%s" % (
-            version,
+        return "PROTECTED: %s has the bugs of record %s; %s%s" % (
+            sglang,
             names(affected),
             words or "; ".join(r["would_patch_reason"] for r in affected),
             said_accepted,
         )
     if accepted:
-        return "NOTHING TO DO: SGLang %s%s" % (version, said_accepted)
+        return "NOTHING TO DO: %s%s" % (sglang, said_accepted)
     if all(r["verdict"] == "fixed" for r in reports):
-        return "NOTHING TO DO: SGLang %s already has every fix this package carries; it can be removed (%s)" % (
-            version,
+        return "NOTHING TO DO: %s already has every fix this package carries; it can be removed (%s)" % (
+            sglang,
             engine.UNINSTALL_HINT,
         )
     return "NOTHING TO DO: %s" % "; ".join(
         "record %s: %s" % (r["hotfix"], r["reason"] if r["verdict"] != "fixed" else "already fixed") for r in reports
     )
+
+
+# What ``status --source`` and the README's table assume of the environment that runs the code.
+INSTALLED_BY_PIP = (
+    "with the plugin installed by pip where this code runs, every Python process that imports it is patched"
+)
+
+
+def headline_of_verdicts(subject, verdicts, upstreams):
+    """(first line, exit status) of ``status`` for code with these verdicts (record name ->
+    verdict), where the plugin is installed by pip: ``status --source`` for one file, and the
+    README's table for a release (``tools/docs_tables.py``). ``subject`` names the code ("SGLang
+    0.5.12", a file's path); ``upstreams``: record name -> ``Hotfix.upstream``."""
+    reports = []
+    for name, verdict in verdicts.items():
+        affected = verdict == "affected"
+        reports.append(
+            {
+                "hotfix": name,
+                "upstream": upstreams.get(name),
+                "verdict": verdict,
+                "reason": "(reason)",
+                "sglang_version": subject,
+                "would_patch": affected,
+                # Only what overall_headline asks of it: a refusal is named on the CANNOT PATCH line.
+                "decision": engine.Action.PATCH.value
+                if affected
+                else engine.Action.UNKNOWN_CODE.value
+                if verdict == "unknown"
+                else verdict,
+                "would_patch_reason": INSTALLED_BY_PIP if affected else "the code is not recognised",
+                "covered_processes": EVERY_PROCESS if affected else NONE,
+            }
+        )
+    code = max(source_exit_status(Verdict(verdict)) for verdict in verdicts.values())
+    return overall_headline(reports, code, subject=subject), code
 
 
 def readable(value):

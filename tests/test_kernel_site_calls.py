@@ -118,3 +118,62 @@ def test_the_kernel_as_the_gated_module_hands_it_out_says_what_the_kernel_says_o
         assert (hooked.__module__, hooked.__doc__) == ("flashinfer.decode", "FlashInfer's docstring.")
     finally:
         patch.remove_all()
+
+
+def _strided_call_through(module, seed):
+    """A call that needs pr31667's repair, on an instance of whatever the module binds as the class
+    now (``fp8_cases`` builds the backend from ``module.TRTLLMHAAttnBackend``); the query the kernel got."""
+    call, _ = _call(module, _case("strided"), seed)
+    del fp8_cases._LOGS[module][:]
+    call()
+    return _queries(module)[-1]
+
+
+def _replace_with_a_subclass(module):
+    """What SGLang's HookRegistry REPLACE (or any plugin) does: a subclass in the class's place."""
+    base = module.TRTLLMHAAttnBackend
+    subclass = type("PluginTRTLLMHAAttnBackend", (base,), {"__module__": "some_plugin"})
+    module.TRTLLMHAAttnBackend = subclass
+    return base, subclass
+
+
+def test_a_subclass_put_in_the_class_place_after_apply_gets_the_repair_and_survives_remove_and_apply(caplog):
+    """Item 1: the subclass inherited the wrapped forward_decode, yet the gate "could not be put"
+    (it looked for the record's wrappers on the class the module now binds), every call ran
+    unrepaired, and remove() then apply() failed with KeyError: 'forward_decode'."""
+    module = fp8_cases.load_backend_module(release_selection.release_dir(RELEASE))
+    patch.wrap(HOTFIX, module, detect.assess_module(HOTFIX, module))
+    try:
+        base, subclass = _replace_with_a_subclass(module)
+        with caplog.at_level(logging.WARNING, logger="sglang_hotfix_trtllm"):
+            assert _strided_call_through(module, 6).is_contiguous()  # 0.5.16's packed query
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+        assert patch.remove_all() == 1 and not _strided_call_through(module, 7).is_contiguous()
+        assert patch.wrap(HOTFIX, module, detect.assess_module(HOTFIX, module)) == "wrapped"
+        assert _strided_call_through(module, 8).is_contiguous()
+        assert "forward_decode" not in subclass.__dict__  # the record wraps the class SGLang defines
+    finally:
+        patch.remove_all()
+
+
+def test_a_subclass_put_in_the_class_place_before_apply_gets_the_repair():
+    module = fp8_cases.load_backend_module(release_selection.release_dir(RELEASE))
+    _replace_with_a_subclass(module)
+    try:
+        assert patch.wrap(HOTFIX, module, detect.assess_module(HOTFIX, module)) == "wrapped"
+        assert _strided_call_through(module, 9).is_contiguous()
+    finally:
+        patch.remove_all()
+
+
+def test_a_class_that_does_not_derive_from_sglangs_in_its_place_is_refused_by_name():
+    module = fp8_cases.load_backend_module(release_selection.release_dir(RELEASE))
+    module.TRTLLMHAAttnBackend = type("Unrelated", (), {})
+    try:
+        patch.wrap(HOTFIX, module, detect.assess_module(HOTFIX, module))
+    except patch.NotWrappable as error:
+        assert "does not derive from the class the module's source defines" in str(error)
+    else:
+        raise AssertionError("wrapped a class that is not SGLang's")
+    finally:
+        patch.remove_all()

@@ -13,6 +13,7 @@ import zipfile
 
 import pytest
 
+import release_selection
 import variants
 from sglang_hotfix_trtllm import __version__
 from conftest import (
@@ -580,3 +581,53 @@ def test_a_stdout_that_is_not_utf_8_still_gets_the_result(tmp_path):
     assert ran.returncode == expected.returncode and ran.stderr == "", ran.stderr
     assert ran.stdout.splitlines()[0] == expected.stdout.splitlines()[0]
     assert "\\u2026" in ran.stdout or "…" not in expected.stdout
+
+
+# --- status --source as a pre-deployment check (issue 37, item 4) ------------------------------
+
+
+def _backend_of(release):
+    return release_selection.release_dir(release) / "sglang/srt/layers/attention/trtllm_mha_backend.py"
+
+
+@pytest.mark.parametrize(
+    "release, code, opening",
+    [
+        ("0.5.12", 0, "PROTECTED: %s has the bugs of record pr26521, pr25103, pr28144, pr31667, encoder_only_mask; "),
+        ("0.5.19", 1, "NOT PROTECTED: %s: record encoder_only_mask, xqa_draft_extend would run unpatched"),
+        ("0.5.23", 0, "NOTHING TO DO: %s already has every fix this package carries"),
+    ],
+)
+def test_source_opens_with_one_line_in_status_words_and_its_exit_status_answers_for_the_code(release, code, opening):
+    path = str(_backend_of(release))
+    text = run_cli("status", "--source", path)
+    assert text.returncode == code, text.stderr
+    assert text.stdout.splitlines()[0].startswith(opening % path), text.stdout.splitlines()[0]
+    ran = _scan(path)
+    assert (ran.returncode, ran.report["exit_status"]) == (code, code)
+    assert ran.report["headline"] == text.stdout.splitlines()[0]
+
+
+def test_a_folder_opens_with_one_line_across_its_files_then_one_each(tmp_path):
+    for name, release in (("a", "0.5.12"), ("b", "0.5.19")):
+        sglang_tree(tmp_path / name, _backend_of(release).read_text(encoding="utf-8"))
+    ran = run_cli("status", "--source", str(tmp_path))
+    lines = ran.stdout.splitlines()
+    assert ran.returncode == 1, ran.stderr
+    assert lines[0] == "NOT PROTECTED: 2 backend files: 1 PROTECTED, 1 NOT PROTECTED (one line each below)"
+    assert lines[1].startswith("PROTECTED: %s" % (tmp_path / "a"))
+    assert lines[2].startswith("NOT PROTECTED: %s" % (tmp_path / "b"))
+
+
+def test_a_wheel_given_as_the_path_is_not_a_source_file(tmp_path, plugin_wheel):
+    """It read as "unknown ... SyntaxError", exit 2 (CANNOT PATCH), as if the code were not recognised."""
+    ran = run_cli("status", "--source", str(plugin_wheel))
+    assert ran.returncode == 3 and ran.stdout == "", ran
+    assert "is not a Python source file" in ran.stderr and "a wheel is a zip archive" in ran.stderr
+
+
+def test_a_path_with_a_newline_keeps_the_first_line_one_line(tmp_path, installed_backend_source):
+    root = sglang_tree(tmp_path / "odd\nname", installed_backend_source)
+    ran = run_cli("status", "--source", str(root))
+    first = ran.stdout.split("\n", 1)[0]
+    assert ran.returncode == 0 and first.startswith("PROTECTED: '") and "\\n" in first, ran.stdout[:300]

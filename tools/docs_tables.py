@@ -129,33 +129,11 @@ def records_table():
 
 def status_first_line(release, verdicts):
     """What ``status`` prints first for ``release`` where a loader is active (a plain pip
-    install), computed by status's own ``overall_headline``."""
-    from sglang_hotfix_trtllm import engine, status
-    from sglang_hotfix_trtllm.record import Verdict
+    install), computed by status's own code (``headline_of_verdicts``, which ``status --source`` uses)."""
+    from sglang_hotfix_trtllm import status
 
-    reports = []
-    for name, verdict in verdicts.items():
-        affected = verdict == "affected"
-        reports.append(
-            {
-                "hotfix": name,
-                "upstream": next(h.upstream for h in records() if h.name == name),
-                "verdict": verdict,
-                "reason": "(reason)",
-                "sglang_version": release,
-                "would_patch": affected,
-                # Only what overall_headline asks of it: a refusal is named on the CANNOT PATCH line.
-                "decision": engine.Action.PATCH.value
-                if affected
-                else engine.Action.UNKNOWN_CODE.value
-                if verdict == "unknown"
-                else verdict,
-                "would_patch_reason": status.COVERAGE_WORDS[status.EVERY_PROCESS] if affected else "(reason)",
-                "covered_processes": status.EVERY_PROCESS if affected else status.NONE,
-            }
-        )
-    code = max(status.source_exit_status(Verdict(verdict)) for verdict in verdicts.values())
-    return status.overall_headline(reports, code), code
+    upstreams = {hotfix.name: hotfix.upstream for hotfix in records()}
+    return status.headline_of_verdicts("SGLang %s" % release, verdicts, upstreams)
 
 
 def status_rows():
