@@ -39,11 +39,15 @@ def environment(environ):
     return env
 
 
-def in_site_packages(folder):
+def site_dirs():
+    """The site directories Python reads ``.pth`` files from at start."""
     import site
 
-    sites = list(site.getsitepackages()) + ([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])
-    return os.path.realpath(folder) in {os.path.realpath(s) for s in sites}
+    return list(site.getsitepackages()) + ([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])
+
+
+def in_site_packages(folder):
+    return os.path.realpath(folder) in {os.path.realpath(s) for s in site_dirs()}
 
 
 def is_bootstrap_dir(path):

@@ -22,11 +22,20 @@ FORMAT_VERSION = 1
 
 
 def startup_file():
-    """(path or None, active): active when Python reads it at start (a site directory)."""
+    """(path or None, active): the startup file that arms this environment's processes, and
+    whether Python reads it at start (it sits in a site directory). The one beside the package
+    this process imported comes first; where that one is not read (a ``--target`` copy first on
+    PYTHONPATH) but another install's is (the plugin also installed by pip), that one arms every
+    process: its finder loads whichever copy ``sys.path`` finds first."""
     path = os.path.join(launcher.INSTALL_DIR, STARTUP_FILE)
-    if not os.path.isfile(path):
-        return None, False
-    return path, launcher.in_site_packages(os.path.dirname(path))
+    own = path if os.path.isfile(path) else None
+    if own is not None and launcher.in_site_packages(os.path.dirname(own)):
+        return own, True
+    for folder in launcher.site_dirs():
+        candidate = os.path.join(folder, STARTUP_FILE)
+        if os.path.isfile(candidate):
+            return candidate, True
+    return own, False
 
 
 def launcher_active(environ=None):

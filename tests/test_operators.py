@@ -318,6 +318,26 @@ def test_with_only_the_plugin_loader_the_headline_says_which_processes_are_cover
     assert plain.result == "function", plain
 
 
+def test_installed_twice_the_site_packages_startup_file_still_arms_every_process(tmp_path, target_install):
+    """Issue 37, item 13: the plugin installed by pip (its .pth read at every start) and a --target
+    copy first on PYTHONPATH. status named the PYTHONPATH copy's unread .pth and said only the
+    plugin loader's processes were patched; the site-packages .pth arms every process."""
+    env = clean_env(PYTHONPATH=str(target_install))
+    ran = status_json(cwd=tmp_path, env=env)
+    document = ran.report
+    assert document["plugin_location"].startswith(str(target_install))
+    covered = {r["covered_processes"] for r in document["hotfixes"] if r["verdict"] == "affected"}
+    assert ran.returncode == 0 and covered == {"every-process"}, document["headline"]
+    assert document["startup_file_active"] and not document["startup_file"].startswith(str(target_install))
+    # And it is true: a plain import there is patched.
+    code = (
+        "import sglang.srt.layers.attention.trtllm_mha_backend as b;"
+        "print('RESULT:' + __import__('json').dumps(type(b.TRTLLMHAAttnBackend.__dict__['__init__']).__name__))"
+    )
+    plain = run_python(["-c", code], cwd=tmp_path, env=env)
+    assert plain.result == "HotfixWrapper", plain
+
+
 # --- round 2: bad inputs get messages, never tracebacks ---------------------------
 
 
