@@ -93,8 +93,11 @@ def test_status_when_sglang_is_absent(tmp_path, bare_python, target_install):
     assert report["headline"].startswith("CANNOT PATCH: SGLang is not installed for this Python")
 
 
-def test_status_of_a_target_install_says_the_startup_file_is_inactive(tmp_path, target_install, venv_site_packages):
-    # The interpreter is the test venv's, but the plugin imported is the --target copy.
+def test_status_of_a_target_install_names_the_startup_file_python_reads(tmp_path, target_install, venv_site_packages):
+    # The interpreter is the test venv's, but the plugin imported is the --target copy. The venv's
+    # own install's .pth is read at every start (issue 37, item 13: status said "inactive", naming
+    # the --target copy's unread one); without it only the plugin loader would patch
+    # (test_operators: a bare Python with the --target copy).
     ran = run_python(
         ["-s", "-m", "sglang_hotfix_trtllm", "status", "--json"],
         cwd=tmp_path,
@@ -102,9 +105,8 @@ def test_status_of_a_target_install_says_the_startup_file_is_inactive(tmp_path, 
     )
     report = ran.report
     assert report["plugin_location"] == str(target_install)
-    assert report["startup_file_active"] is False
-    # SGLang 0.5.12 has the plugin framework and the --target copy's entry point is visible.
-    assert report["would_patch"] is True and "plugin loader" in report["would_patch_reason"]
+    assert report["startup_file_active"] is True and report["startup_file"].startswith(venv_site_packages)
+    assert report["would_patch"] is True and report["covered_processes"] == "every-process"
 
 
 def test_bad_arguments_exit_2():
