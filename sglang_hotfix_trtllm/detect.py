@@ -20,7 +20,8 @@ import ast
 
 from . import source
 
-from .record import Value, Verdict
+from .fingerprint import of_node
+from .record import Classification, Value, Verdict
 
 _DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
@@ -251,6 +252,26 @@ def signature_problem(method, parameters, defaults=()):
     ):
         return "unexpected signature: (%s)" % ", ".join(names)
     return None
+
+
+def live_method_classified(tree, class_name, method_name):
+    """(refusal, cls, function, fingerprint, verdict) for a record that judges one method of the
+    class: the live class and method, the method's fingerprint, and ``verdict(value, reason)``, a
+    Classification by that fingerprint and the method's first line; or, when either is missing or
+    cannot be followed, ``refusal`` (an ``unknown`` Classification saying why) and None for the rest."""
+    cls, class_problem = live_class(tree, class_name)
+    if cls is None:
+        return Classification(Verdict.UNKNOWN, class_problem, of_node(tree)), None, None, None, None
+    function, problem = live_methods(tree, cls, (method_name,))[method_name]
+    if problem or function is None:
+        reason = problem or "%s.%s not found" % (class_name, method_name)
+        return Classification(Verdict.UNKNOWN, reason, of_node(cls)), None, None, None, None
+    fingerprint, first_line = of_node(function), first_line_of(function)
+
+    def verdict(value, reason):
+        return Classification(value, reason, fingerprint, first_line)
+
+    return None, cls, function, fingerprint, verdict
 
 
 def first_line_of(function):

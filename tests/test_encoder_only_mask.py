@@ -18,7 +18,6 @@ the published wheels at test time, 0.6.8.post1 without the argument, 0.6.11.post
 """
 
 import dataclasses
-import json
 import subprocess
 import sys
 import zipfile
@@ -28,7 +27,7 @@ from packaging.version import Version
 
 import fp8_cases
 import release_selection
-from conftest import CACHE, clean_env, exclusive
+from conftest import CACHE, clean_env, exclusive, status_json
 from sglang_hotfix_trtllm import detect, patch
 from sglang_hotfix_trtllm.records import encoder_only_mask, pr28144
 
@@ -150,14 +149,8 @@ def test_the_installed_flashinfer_decides_whether_the_repair_can_be_carried(flas
     PROTECTED, naming FlashInfer; with 0.5.12's own: patched. Read from FlashInfer's file, never
     imported (its ``__init__`` would need CUDA libraries here)."""
     env = clean_env(PYTHONPATH=str(_flashinfer_prefill(flashinfer)))
-    ran = subprocess.run(
-        [sys.executable, "-m", "sglang_hotfix_trtllm", "status", "--json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    document = json.loads(ran.stdout)
+    ran = status_json(env=env, timeout=300)
+    document = ran.report
     (block,) = [r for r in document["hotfixes"] if r["hotfix"] == "encoder_only_mask"]
     assert block["verdict"] == verdict, block["reason"]
     assert ran.returncode == code and document["exit_status"] == code, document["headline"]

@@ -306,3 +306,23 @@ def test_k_and_v_are_judged_each_by_its_own_head_count(release, heads, monkeypat
 def _fresh_oracle(release, on, scales):
     """``_oracle_calls`` without its cache (the head counts differ from the cached runs')."""
     return _oracle_calls.__wrapped__(release, on, scales)
+
+
+def test_a_fork_that_defines_canonicalize_stride_itself_is_told_as_what_it_is():
+    """Issue 36, item 4: a fork with 0.5.12's methods whose canonicalize_stride is defined in the
+    module (not imported from SGLang's attention utils) read "not the code of a release this hotfix
+    knows" about methods identical to a release's. It is still unknown (whether its function is
+    upstream's is not seen), and the reason says why."""
+
+    def define_it_here(tree):
+        imports = [n for n in tree.body if isinstance(n, ast.ImportFrom) and "canonicalize_stride" in ast.unparse(n)]
+        assert imports, "0.5.12 imports canonicalize_stride"
+        for node in imports:
+            tree.body.remove(node)
+        tree.body.insert(0, ast.parse("def canonicalize_stride(t):\n    return t").body[0])
+
+    classification = HOTFIX.classify(ast.parse(_edited("0.5.12", define_it_here)))
+    assert classification.verdict is Verdict.UNKNOWN
+    assert "hold upstream's canonicalize_stride statements" in classification.reason
+    assert "does not import canonicalize_stride from SGLang's attention utils" in classification.reason
+    assert "not the code of a release" not in classification.reason

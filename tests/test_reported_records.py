@@ -12,15 +12,12 @@ and the first line says so, with exit 0.
 
 import ast
 import copy
-import json
-import subprocess
-import sys
 
 import pytest
 from packaging.version import Version
 
 import release_selection
-from conftest import clean_env
+from conftest import clean_env, status_json
 from sglang_hotfix_trtllm import detect
 from sglang_hotfix_trtllm.record import Verdict
 from sglang_hotfix_trtllm.records import encoder_only_mask, xqa_draft_extend
@@ -160,14 +157,8 @@ def _status(release, disable=None):
     env = clean_env(PYTHONPATH=str(release_selection.installed(release)))
     if disable:
         env["SGLANG_HOTFIX_TRTLLM_DISABLE"] = disable
-    ran = subprocess.run(
-        [sys.executable, "-m", "sglang_hotfix_trtllm", "status", "--json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    return ran.returncode, json.loads(ran.stdout)
+    ran = status_json(env=env, timeout=300)
+    return ran.returncode, ran.report
 
 
 def test_an_unrepairable_release_is_not_protected_and_says_what_fixes_it():

@@ -48,8 +48,7 @@ from .. import detect, source
 from . import pr28144, pr31667
 from . import trtllm_kernel_routes as routes
 from . import trtllm_kernel_site as site
-from ..fingerprint import of_node
-from ..record import Classification, Hotfix, Verdict
+from ..record import Hotfix, Verdict
 from ..release_table import ReleaseTable
 
 NAME = "encoder_only_mask"
@@ -189,16 +188,9 @@ def _passes_upstreams_argument(name, call):
 
 def classify(tree):
     """Classify the source of ``trtllm_mha_backend`` (an ``ast.Module``)."""
-    cls, class_problem = detect.live_class(tree, CLASS_NAME)
-    if cls is None:
-        return Classification(Verdict.UNKNOWN, class_problem, of_node(tree))
-    extend, problem = detect.live_methods(tree, cls, (METHOD,))[METHOD]
-    if problem or extend is None:
-        return Classification(Verdict.UNKNOWN, problem or "%s.%s not found" % (CLASS_NAME, METHOD), of_node(cls))
-    fingerprint = of_node(extend)
-
-    def verdict(value, reason):
-        return Classification(value, reason, fingerprint, detect.first_line_of(extend))
+    refusal, cls, extend, fingerprint, verdict = detect.live_method_classified(tree, CLASS_NAME, METHOD)
+    if refusal:
+        return refusal
 
     calls = kernel_calls(extend)
     if calls and all(_passes_upstreams_argument(name, call) for name, call in calls):

@@ -201,6 +201,15 @@ def classify(tree):
             "forward_decode and forward_extend canonicalize a one-head K/V cache view's strides (SGLang 0.5.9, "
             "PR #17732)",
         )
+    if all(fixed):
+        # A fork with upstream's statements whose canonicalize_stride is not SGLang's import: the
+        # statements are the fix only if the function is upstream's, which this analysis cannot see.
+        return verdict(
+            Verdict.UNKNOWN,
+            "forward_decode and forward_extend hold upstream's %s statements (SGLang 0.5.9, PR #17732), but the "
+            "module does not import %s from SGLang's attention utils as every release does (defined or bound "
+            "here otherwise): whether it is upstream's function is not known" % (UPSTREAM_FUNCTION, UPSTREAM_FUNCTION),
+        )
     return verdict(
         Verdict.UNKNOWN,
         "forward_decode / forward_extend are not the code of a release this hotfix knows (fingerprints %s / %s)" % pair,

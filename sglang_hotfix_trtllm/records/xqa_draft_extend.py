@@ -41,8 +41,7 @@ import os
 
 from .. import detect
 from . import trtllm_kernel_site as site
-from ..fingerprint import of_node
-from ..record import Classification, Hotfix, Verdict, reports_only
+from ..record import Hotfix, Verdict, reports_only
 from ..release_table import ReleaseTable
 
 NAME = "xqa_draft_extend"
@@ -93,16 +92,9 @@ def _tells_draft_extend_apart(extend):
 
 def classify(tree):
     """Classify the source of ``trtllm_mha_backend`` (an ``ast.Module``)."""
-    cls, class_problem = detect.live_class(tree, CLASS_NAME)
-    if cls is None:
-        return Classification(Verdict.UNKNOWN, class_problem, of_node(tree))
-    extend, problem = detect.live_methods(tree, cls, (METHOD,))[METHOD]
-    if problem or extend is None:
-        return Classification(Verdict.UNKNOWN, problem or "%s.%s not found" % (CLASS_NAME, METHOD), of_node(cls))
-    fingerprint = of_node(extend)
-
-    def verdict(value, reason):
-        return Classification(value, reason, fingerprint, detect.first_line_of(extend))
+    refusal, _, extend, fingerprint, verdict = detect.live_method_classified(tree, CLASS_NAME, METHOD)
+    if refusal:
+        return refusal
 
     if not _tells_draft_extend_apart(extend):
         return verdict(
