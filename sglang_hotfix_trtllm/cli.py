@@ -216,19 +216,17 @@ def _source_headlines(documents, state):
         for report in document.get("sources", [document]):
             verdicts.setdefault(report["source_path"], {})[report["hotfix"]] = report["verdict"]
     upstreams = {hotfix.name: hotfix.upstream for hotfix in catalog.HOTFIXES}
-    judged = [
-        (path,) + state.headline_of_verdicts(_shown(path), by_record, upstreams) for path, by_record in verdicts.items()
-    ]
-    code = max(file_code for _, _, file_code in judged)
+    judged = [state.headline_of_verdicts(_shown(path), by_record, upstreams) for path, by_record in verdicts.items()]
+    code = max(file_code for _, file_code in judged)
     if len(judged) == 1:
-        return [judged[0][1]], code
-    words = [line.split(":", 1)[0] for _, line, _ in judged]
+        return [judged[0][0]], code
+    words = [line.split(":", 1)[0] for line, _ in judged]
     word = {2: "CANNOT PATCH", 1: "NOT PROTECTED"}.get(code) or (
         "PROTECTED" if "PROTECTED" in words else "NOTHING TO DO"
     )
     counts = ", ".join("%d %s" % (words.count(w), w) for w in dict.fromkeys(words))
     return ["%s: %d backend files: %s (one line each below)" % (word, len(judged), counts)] + [
-        line for _, line, _ in judged
+        line for line, _ in judged
     ], code
 
 

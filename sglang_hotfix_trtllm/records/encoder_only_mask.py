@@ -41,7 +41,6 @@ otherwise.
 
 import ast
 import os
-
 import re
 
 from .. import detect, source
@@ -78,9 +77,10 @@ AFFECTED = {
     "ast1:a230c20003012edf": "0.5.13 to 0.5.13.post1",
 }
 # The methods of the class forward_decode and forward_extend call, by the affected releases' fingerprints.
-HELPERS = dict(pr28144.HELPERS, **{k: v for k, v in pr31667.HELPERS.items() if k not in pr28144.HELPERS})
-for _name in set(pr28144.HELPERS) & set(pr31667.HELPERS):
-    HELPERS[_name] = pr28144.HELPERS[_name] | pr31667.HELPERS[_name]
+HELPERS = {
+    name: pr28144.HELPERS.get(name, frozenset()) | pr31667.HELPERS.get(name, frozenset())
+    for name in set(pr28144.HELPERS) | set(pr31667.HELPERS)
+}
 # forward_extend of the other releases with the bug -> why this version does not repair it there.
 UNREPAIRABLE = {
     "ast1:7d36278b2fb2e186": _PINNED_CAUSAL_ONLY,  # 0.5.1 to 0.5.4.post1 (FlashInfer 0.2.11.post3 on)
