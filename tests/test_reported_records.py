@@ -7,7 +7,9 @@ Verdicts: every release of the shipped tables from its own source. ``fixed`` is 
 substance: 0.5.21 with 0.5.22's statements or arguments put in by AST reads fixed, and with any one
 of them left out it does not. An unrepairable release is said as such by ``status`` (NOT PROTECTED,
 exit 1, the record and the release that fixes it named); turned off by name, the bug is accepted
-and the first line says so, with exit 0.
+and the first line says so, with exit 0. Mutation: every mutant of 0.5.14's and 0.5.21's
+``forward_extend`` is refused by both records; a mutant of 0.5.22 that breaks one of the fix's
+statements is not called fixed by xqa_draft_extend.
 """
 
 import ast
@@ -16,6 +18,7 @@ import copy
 import pytest
 from packaging.version import Version
 
+import mutants
 import release_selection
 from conftest import clean_env, status_json
 from sglang_hotfix_trtllm import detect
@@ -151,6 +154,64 @@ def test_upstream_change_with_a_part_left_out_is_not_called_fixed(name, left_out
     changed = change(_tree("0.5.21"), _tree(FIXED_IN), leave_out=(left_out,))
     classification = record.classify(changed)
     assert classification.verdict is Verdict.UNKNOWN, classification.reason
+
+
+# Mutation: every mutant of the method a reporting record reads, on a release with the bug, is
+# refused (``unknown``): a mutant is not a release this hotfix knows, and no single mutation makes
+# 0.5.14's or 0.5.21's code upstream's fix (``fixed``) or code without the route (``not-applicable``).
+# Mutants the generator makes, measured: 168 of 0.5.14's forward_extend, 431 of 0.5.21's.
+MUTATED = {"0.5.14": 160, "0.5.21": 420}
+
+
+@pytest.mark.parametrize("name", sorted(RECORDS))
+@pytest.mark.parametrize("release", sorted(MUTATED))
+def test_every_mutant_of_a_release_with_the_bug_is_refused(name, release):
+    record = RECORDS[name]
+    text = (release_selection.release_dir(release) / BACKEND).read_text(encoding="utf-8")
+    assert record.classify(ast.parse(text)).verdict is Verdict.UNREPAIRABLE
+    generated = list(mutants.generate(text, record.CLASS_NAME, ["forward_extend"], {}))
+    assert len(generated) >= MUTATED[release]
+    wrong = {}
+    for mutant in generated:
+        classification = record.classify(ast.parse(mutant.text))
+        if classification.verdict is not Verdict.UNKNOWN:
+            wrong[mutant.describe()] = "%s: %s" % (classification.verdict.value, classification.reason)
+    assert wrong == {}
+
+
+def _fix_statement_lines(extend):
+    """The lines of 0.5.22's three statements in its forward_extend: the ``uses_decode_kernel``
+    binding, the FP8 cast's test, the mask's binding."""
+    lines = set()
+    for node in ast.walk(extend):
+        if isinstance(node, ast.Assign) and ast.unparse(node) == xqa_draft_extend.USES_DECODE_KERNEL:
+            lines.update(range(node.lineno, node.end_lineno + 1))
+        if isinstance(node, ast.Assign) and ast.unparse(node.value) == xqa_draft_extend.MASK:
+            lines.update(range(node.lineno, node.end_lineno + 1))
+        if isinstance(node, ast.If) and xqa_draft_extend.CAST_CONDITION in ast.unparse(node.test):
+            lines.update(range(node.test.lineno, node.test.end_lineno + 1))
+    return lines
+
+
+def test_a_mutant_that_breaks_one_of_the_fixs_statements_is_not_called_fixed():
+    """``fixed`` rests on 0.5.22's three statements in their roles: a mutant of 0.5.22 that drops,
+    negates or changes one of them (the binding, the cast's test, the mask) is not the fix, while
+    the other mutants of 0.5.22 (its fix untouched) still read fixed."""
+    text = (release_selection.release_dir(FIXED_IN) / BACKEND).read_text(encoding="utf-8")
+    lines = _fix_statement_lines(_extend(ast.parse(text)))
+    assert len(lines) >= 3
+    breaking, called_fixed, wrong = 0, 0, {}
+    for mutant in mutants.generate(text, xqa_draft_extend.CLASS_NAME, ["forward_extend"], {}):
+        verdict = xqa_draft_extend.classify(ast.parse(mutant.text)).verdict
+        if mutant.line in lines and mutant.operator in ("drop", "negate", "const", "attr"):
+            breaking += 1
+            if verdict is Verdict.FIXED:
+                wrong[mutant.describe()] = verdict.value
+        elif verdict is Verdict.FIXED:
+            called_fixed += 1
+    assert breaking >= 10
+    assert called_fixed >= 400  # the check is not a fingerprint: 0.5.22's other statements may differ
+    assert wrong == {}
 
 
 def _status(release, disable=None):

@@ -30,13 +30,17 @@ naming the release that fixes it.
 
 Verdicts, from the live ``forward_extend``: ``unrepairable`` when it is, by fingerprint, the code of
 a release that carries the bug (``UNREPAIRABLE``), the module binding ``flashinfer`` once;
-``fixed`` when it holds 0.5.22's three statements (``uses_decode_kernel``, the cast's condition on
-it, the mask on ``max_seq_len_q > 1``); ``not-applicable`` when the method never tells draft extend
-apart (``is_draft_extend_v2``), so it has no draft-extend route to the decode kernel (0.5.13.post1
-and earlier); ``unknown`` otherwise. The releases with the bug: 0.5.14 to 0.5.21.
+``fixed`` when it holds 0.5.22's three statements in their roles (``uses_decode_kernel`` bound once
+in the method's body, the FP8 cast's test with the condition on it, every ``mask=`` passing the mask
+on ``max_seq_len_q > 1``); ``not-applicable`` when draft extend has no route to the decode kernel
+(the method never asks ``is_draft_extend_v2``, calls no decode helper, reaches ``flashinfer.decode``
+only under ``if forward_batch.forward_mode.is_target_verify():``, and every name it reads is bound:
+0.5.13.post1 and earlier); ``unknown`` otherwise. The releases with the bug: 0.5.14 to 0.5.21. Every
+single-statement mutant of 0.5.14's and 0.5.21's method is ``unknown`` (test_reported_records).
 """
 
 import ast
+import builtins
 import os
 
 from .. import detect
@@ -68,6 +72,7 @@ USES_DECODE_KERNEL = (
     "forward_batch.forward_mode.is_draft_extend_v2()"
 )
 CAST_CONDITION = "not self.is_xqa_impl or not uses_decode_kernel"
+FP8_KV_TEST = "self.data_type == torch.float8_e4m3fn"  # the cast's other term, as in every release
 MASK = "self._xqa_spec_dec_mask if self.forward_metadata.max_seq_len_q > 1 else None"
 
 REASON = (
@@ -81,13 +86,122 @@ REASON = (
 
 
 def _fixed_in_substance(extend):
-    """0.5.22's three statements in the method: BF16 Q and the mask for every call on the decode kernel."""
-    texts = {ast.unparse(node) for node in ast.walk(extend) if isinstance(node, (ast.stmt, ast.expr))}
-    return USES_DECODE_KERNEL in texts and CAST_CONDITION in texts and MASK in texts
+    """0.5.22's three statements in the roles 0.5.22 gives them: ``uses_decode_kernel`` bound once,
+    in the method's own body, to 0.5.22's expression; every FP8 cast of the query under an ``if``
+    whose test has 0.5.22's condition and the FP8 cache's test among its ``and`` terms; and every call that passes
+    ``mask=`` passing 0.5.22's expression, inline or through a name bound to it just before, in
+    the same block."""
+    bindings = [
+        n
+        for n in ast.walk(extend)
+        if isinstance(n, ast.Assign) and "uses_decode_kernel" in {ast.unparse(t) for t in n.targets}
+    ]
+    if len(bindings) != 1 or bindings[0] not in extend.body or ast.unparse(bindings[0]) != USES_DECODE_KERNEL:
+        return False
+    casts = 0
+    masks = 0
+    for node in ast.walk(extend):
+        if isinstance(node, ast.If) and _asks_kv_dtype(node.test) and any(_is_query_fp8_cast(s) for s in node.body):
+            terms = node.test.values if isinstance(node.test, ast.BoolOp) and isinstance(node.test.op, ast.And) else []
+            if not {FP8_KV_TEST, CAST_CONDITION} <= {ast.unparse(term) for term in terms}:
+                return False
+            casts += 1
+        for block in (getattr(node, field, None) for field in ("body", "orelse")):
+            if not isinstance(block, list):
+                continue
+            for index, statement in enumerate(block):
+                for call in (c for c in _own_expressions(statement) if isinstance(c, ast.Call)):
+                    for keyword in (k for k in call.keywords if k.arg == "mask"):
+                        if not _passes_mask(keyword.value, block[index - 1] if index else None):
+                            return False
+                        masks += 1
+    return casts > 0 and masks > 0
 
 
-def _tells_draft_extend_apart(extend):
-    return any(isinstance(n, ast.Attribute) and n.attr == "is_draft_extend_v2" for n in ast.walk(extend))
+def _own_expressions(statement):
+    """The nodes of a statement that no statement nested in it holds (its calls, not its body's)."""
+    pending = [child for child in ast.iter_child_nodes(statement) if not isinstance(child, ast.stmt)]
+    while pending:
+        node = pending.pop()
+        yield node
+        pending.extend(child for child in ast.iter_child_nodes(node) if not isinstance(child, ast.stmt))
+
+
+def _asks_kv_dtype(test):
+    """The cast for an FP8 KV cache, not native FP4's (``if uses_native_fp4:``, its own route)."""
+    return any(ast.unparse(n) == "self.data_type" for n in ast.walk(test))
+
+
+def _is_query_fp8_cast(statement):
+    return ast.unparse(statement) == "q = q.to(torch.float8_e4m3fn)"
+
+
+def _passes_mask(value, previous):
+    if ast.unparse(value) == MASK:
+        return True
+    return (
+        isinstance(value, ast.Name)
+        and isinstance(previous, ast.Assign)
+        and [ast.unparse(t) for t in previous.targets] == [value.id]
+        and ast.unparse(previous.value) == MASK
+    )
+
+
+TARGET_VERIFY_TEST = "forward_batch.forward_mode.is_target_verify()"
+
+
+def _module_level_nodes(tree):
+    """The nodes of the module's own statements, not those inside its functions and classes
+    (whose names only their own scope binds); a def or class itself is kept."""
+    pending = list(tree.body)
+    while pending:
+        node = pending.pop()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            pending.extend(ast.iter_child_nodes(node))
+
+
+def _unbound_names(function, tree):
+    """Names the method reads that nothing binds: not a parameter, not assigned or imported in
+    the method, not a module-level name, not a builtin (a method that would raise NameError is
+    not code whose routes this record can tell)."""
+    bound = set()
+    for node in (*ast.walk(function), *_module_level_nodes(tree)):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            bound.add(node.id)
+        elif isinstance(node, ast.arg):  # the method's parameters, and those of functions inside it
+            bound.add(node.arg)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.alias):
+            bound.add((node.asname or node.name).split(".")[0])
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+    loaded = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return sorted(loaded - bound - set(dir(builtins)))
+
+
+def _no_draft_extend_route(extend, tree):
+    """True when draft extend cannot reach the decode kernel: the method never asks
+    ``is_draft_extend_v2``, calls no decode helper of the backend, and reaches
+    ``flashinfer.decode`` only inside ``if forward_batch.forward_mode.is_target_verify():``
+    (0.5.9 to 0.5.13.post1; 0.5.1 to 0.5.8.post1 never reach it). Anything else, a name or
+    another question standing in that test included, is code this record does not know."""
+    if _unbound_names(extend, tree):
+        return False
+    guarded = set()
+    for node in ast.walk(extend):
+        if isinstance(node, ast.If) and ast.unparse(node.test) == TARGET_VERIFY_TEST:
+            guarded.update(id(inner) for statement in node.body for inner in ast.walk(statement))
+    for node in ast.walk(extend):
+        if isinstance(node, ast.Attribute) and node.attr == "is_draft_extend_v2":
+            return False
+        if isinstance(node, ast.Attribute) and "decode" in node.attr and ast.unparse(node.value) == "self":
+            return False
+        is_decode_module = ast.unparse(node) == "flashinfer.decode" if isinstance(node, ast.Attribute) else False
+        if is_decode_module and id(node) not in guarded:
+            return False
+    return True
 
 
 def classify(tree):
@@ -96,7 +210,7 @@ def classify(tree):
     if refusal:
         return refusal
 
-    if not _tells_draft_extend_apart(extend):
+    if _no_draft_extend_route(extend, tree):
         return verdict(
             Verdict.NOT_APPLICABLE,
             "forward_extend has no draft-extend route to the decode kernel (is_draft_extend_v2 is never asked)",
