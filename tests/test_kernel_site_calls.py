@@ -10,12 +10,14 @@ repair) around a packed one (needs none).
 """
 
 import logging
+import random
+import threading
 
 import torch
 
 import fp8_cases
 import release_selection
-from sglang_hotfix_trtllm import detect, patch
+from sglang_hotfix_trtllm import detect, logs, patch
 from sglang_hotfix_trtllm.records import pr31667
 
 HOTFIX = pr31667.HOTFIX
@@ -177,3 +179,180 @@ def test_a_class_that_does_not_derive_from_sglangs_in_its_place_is_refused_by_na
         raise AssertionError("wrapped a class that is not SGLang's")
     finally:
         patch.remove_all()
+
+
+# --------------------------------------------------------------------------
+# Property (issue 36): no sequence of nested, concurrent, removed and re-applied calls lets one
+# call's repair reach another call's kernel, or leaves a call unrepaired without a WARNING naming
+# the record.
+#
+# A program is a tree of calls of SGLang 0.5.12's own forward_decode (XQA, each call its own
+# backend, layer, seed and query: a strided one, which needs pr31667's repair, or a packed one,
+# which needs none). What runs inside a call, between the method's start and its kernel call (in
+# the KV pool's get_kv_buffer, where a pool hook or an accuracy checker runs), is a list of steps:
+# another call, the same in a new thread (joined before the outer call goes on, or left running
+# beside it until the outer kernel call is made), a call of the kernel itself through the module's
+# ``flashinfer`` with a query of its own (a checker calling FlashInfer directly), remove() or
+# apply(). Programs are drawn from fixed seeds; each is checked against a model that knows only
+# when the record was applied:
+#
+# * every call's kernel is called once, with that call's own query values (no other call's);
+# * a packed call's kernel gets SGLang's own query object, repaired or not; a direct kernel call
+#   gets the very query it passed;
+# * a strided call during which the record stayed applied from its start to its return gets
+#   upstream's packed query (0.5.16's ``.contiguous()``); one during which it stayed removed gets
+#   SGLang's own; one during which remove() or apply() ran, in any thread, may get either (the
+#   operator changed it mid-call);
+# * any WARNING names the record; a call left unrepaired while the record was applied throughout
+#   is a failure whatever was logged.
+
+PROGRAMS = 60
+STEP_KINDS = ("call", "call", "thread", "beside", "direct", "remove", "apply")
+
+
+def _draw_call(rng, depth):
+    steps = []
+    if depth < 3:
+        for _ in range(rng.choice((0, 0, 1, 2, 3))):
+            kind = rng.choice(STEP_KINDS)
+            steps.append((kind, _draw_call(rng, depth + 1)) if kind in ("call", "thread", "beside") else (kind, None))
+    return {"layout": rng.choice(("strided", "packed")), "steps": steps}
+
+
+class _Run:
+    """One program's execution: the record's state (applied or not, and how many times it changed),
+    and what each call saw."""
+
+    def __init__(self, module):
+        self.module, self.applied, self.changes, self.calls = module, False, 0, []
+        self.lock = threading.Lock()
+        self.seed = 100
+
+    def apply(self):
+        with self.lock:
+            if not self.applied:
+                assert patch.wrap(HOTFIX, self.module, detect.assess_module(HOTFIX, self.module)) == "wrapped"
+                self.applied, self.changes = True, self.changes + 1
+
+    def remove(self):
+        with self.lock:
+            if self.applied:
+                patch.remove_all()
+                self.applied, self.changes = False, self.changes + 1
+
+    def call(self, node):
+        with self.lock:
+            self.seed += 1
+            seed = self.seed
+        seen = {"layout": node["layout"], "errors": []}
+        beside = []
+
+        def hook():
+            for kind, child in node["steps"]:
+                if kind == "call":
+                    self.call(child)
+                elif kind == "direct":
+                    self.direct()
+                elif kind in ("thread", "beside"):
+                    thread = threading.Thread(target=self._in_thread, args=(child, seen))
+                    thread.start()
+                    (beside.append if kind == "beside" else lambda t: t.join())(thread)
+                else:
+                    getattr(self, kind)()
+
+        run, q = _call(self.module, _case(node["layout"]), seed, pool_hook=hook)
+        seen["q"], seen["state_at_start"] = q, (self.applied, self.changes)
+        with self.lock:
+            self.calls.append(seen)
+        run()
+        seen["state_at_end"] = (self.applied, self.changes)  # a thread beside may change it after the hook
+        for thread in beside:
+            thread.join()
+
+    def direct(self):
+        """The kernel called by foreign code with a strided query of its own, of the shape SGLang's
+        query has: a repair that leaked into it would replace it."""
+        with self.lock:
+            self.seed += 1
+            seed = self.seed
+        case = _case("strided")
+        layer = fp8_cases._layer(case)
+        q, _, _ = fp8_cases.inputs(case, torch.Generator().manual_seed(seed))
+        query = q.reshape(-1, layer.tp_q_head_num, layer.head_dim)
+        assert not query.is_contiguous()
+        seen = {"layout": "direct", "errors": [], "q": query, "state_at_start": None}
+        with self.lock:
+            self.calls.append(seen)
+        self.module.flashinfer.decode.trtllm_batch_decode_with_kv_cache(query=query, bmm1_scale=1.0, bmm2_scale=1.0)
+
+    def _in_thread(self, child, seen):
+        try:
+            self.call(child)
+        except Exception as error:  # noqa: BLE001 - reported by the property
+            seen["errors"].append(repr(error))
+
+
+def _violations(run, kernel_queries, warnings):
+    problems = []
+    owners = []
+    for query in kernel_queries:
+        matches = [i for i, c in enumerate(run.calls) if torch.equal(query.flatten(1), c["q"].flatten(1))]
+        owners.append(matches)
+        if len(matches) != 1:
+            problems.append("a kernel call's query is no single call's own (%d matches)" % len(matches))
+    for index, seen in enumerate(run.calls):
+        got = [kernel_queries[k] for k, owner in enumerate(owners) if owner == [index]]
+        problems += ["call %d: %s" % (index, e) for e in seen["errors"]]
+        if len(got) != 1:
+            problems.append("call %d (%s): its kernel called %d times" % (index, seen["layout"], len(got)))
+            continue
+        if seen["layout"] == "direct":
+            if got[0] is not seen["q"]:
+                problems.append("call %d (direct): the kernel did not get the query passed to it" % index)
+            continue
+        query, changed = got[0], seen["state_at_start"][1] != seen["state_at_end"][1]
+        if seen["layout"] == "packed" and query.data_ptr() != seen["q"].data_ptr():
+            problems.append("call %d (packed): the kernel did not get SGLang's own query" % index)
+        if seen["layout"] == "strided" and not changed:
+            repaired = query.is_contiguous()
+            if seen["state_at_start"][0] and not repaired:
+                problems.append("call %d (strided, record applied throughout): unrepaired" % index)
+            if not seen["state_at_start"][0] and query.data_ptr() != seen["q"].data_ptr():
+                problems.append("call %d (strided, record removed throughout): repaired" % index)
+    problems += ["a WARNING that names no record: %s" % w for w in warnings if HOTFIX.name not in w]
+    return problems
+
+
+def test_no_sequence_of_nested_concurrent_removed_and_reapplied_calls_leaks_or_hides_a_repair(caplog):
+    module = fp8_cases.load_backend_module(release_selection.release_dir(RELEASE))
+    failures = []
+    kinds = set()
+    for program in range(PROGRAMS):
+        rng = random.Random(program)
+        root = _draw_call(rng, 0)
+        run = _Run(module)
+        if rng.random() < 0.8:
+            run.apply()
+        logs._said.clear()  # the once-per-process warnings: each program says its own
+        caplog.clear()
+        del fp8_cases._LOGS[module][:]
+        try:
+            with caplog.at_level(logging.WARNING, logger="sglang_hotfix_trtllm"):
+                run.call(root)
+        except Exception as error:  # noqa: BLE001 - reported below
+            failures.append("program %d raised %r" % (program, error))
+        finally:
+            patch.remove_all()
+        warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        problems = _violations(run, _queries(module), warnings)
+        failures += ["program %d: %s (%s)" % (program, p, root) for p in problems]
+        kinds.update(kind for kind, _ in _all_steps(root))
+    assert kinds == set(STEP_KINDS)  # every kind of step was drawn
+    assert failures == [], "\n".join(failures[:20])
+
+
+def _all_steps(node):
+    for kind, child in node["steps"]:
+        yield kind, child
+        if child is not None:
+            yield from _all_steps(child)

@@ -22,6 +22,7 @@ called with the repaired arguments, what it raises propagates, as upstream's cal
 """
 
 import contextvars
+import sys
 
 from .. import logs
 
@@ -134,16 +135,18 @@ def _run_noted_call(module, wrapped, args, kwargs, call):
     if not _gate_in_place(module, call.needed):
         _skipped(call, LookupError(_no_gate_reason(module)), "no-gate")
         return wrapped(*args, **kwargs)
+    gate = module.__dict__[GATED_GLOBAL]
     token = _current_call.set(call)
     try:
         result = wrapped(*args, **kwargs)
     finally:
         _current_call.reset(token)
-    if not call.used and _gate_on(module):
-        # Every release these records accept calls one kernel per call, through the module's
-        # ``flashinfer``: a call that returned without passing the gate reached the kernel some
-        # other way (the global replaced after the gate went in), unrepaired. (With the gate off,
-        # remove() ran during the call: it ran as with the records off, as the operator asked.)
+    if not call.used and gate._self_hotfix_on:
+        # Every release these records accept calls one kernel per call, from the method itself,
+        # through the module's ``flashinfer``: a call that returned without its kernel call passing
+        # the gate reached the kernel some other way (the global replaced after the gate went in,
+        # a proxy over it), unrepaired. (With the gate off, remove() ran during the call: it ran as
+        # with the records off, as the operator asked.)
         _skipped(call, LookupError("the kernel call did not pass the gate"), "no-gate")
     return result
 
@@ -206,6 +209,20 @@ def _stand_in_for(stand_in, kernel):
     stand_in.__dict__["__wrapped__"] = kernel
 
 
+def _method_code(function):
+    """The code object of SGLang's method under ``function`` (the method wrapt calls, or a wrapper
+    below the hotfix's that names it through ``__wrapped__``, as ``functools.wraps`` does); None
+    where a wrapper below hides it (the gate then repairs the call's first kernel call, as it
+    did before it could tell who is calling)."""
+    function = getattr(function, "__func__", function)
+    for _ in range(8):  # a chain of wrappers below, each naming the next
+        below = getattr(function, "__wrapped__", None)
+        if below is None:
+            break
+        function = getattr(below, "__func__", below)
+    return getattr(function, "__code__", None)
+
+
 class _GatedKernel:
     """A FlashInfer kernel as the gated module reaches it."""
 
@@ -218,12 +235,20 @@ class _GatedKernel:
         call = _current_call.get()
         if call is None or call.used or not self.gate._self_hotfix_on:
             return self.kernel(*args, **kwargs)  # nothing to repair here, or remove() turned it off
-        call.used, call.kernel = True, self.name
         if args:
             # SGLang's own calls pass keywords only (the records pin them): a positional call comes
             # from someone else's code between the gate and the kernel. Stand aside, and say so.
+            call.used, call.kernel = True, self.name
             _skipped(call, TypeError("the kernel was called with %d positional argument(s)" % len(args)), "positional")
             return self.kernel(*args, **kwargs)
+        code = _method_code(call.function)
+        if code is not None and sys._getframe(1).f_code is not code:
+            # Not SGLang's method calling: other code running inside the call (a hook or a checker
+            # calling FlashInfer itself, a proxy put over the module's global) gets its own
+            # arguments; the method's own kernel call gets the repair, and a method that returns
+            # without one is said (_run_noted_call).
+            return self.kernel(*args, **kwargs)
+        call.used, call.kernel = True, self.name
         for name in call.needed:  # catalog order: upstream's order of statements
             try:
                 kwargs = _REPAIRS[name](call, kwargs)

@@ -72,7 +72,10 @@ import torch  # noqa: E402
 
 import workspace_cases as wc  # noqa: E402
 
-RELEASE = "0.5.19"
+# The release whose methods run: 0.5.19 (FlashInfer 0.6.18, its pin) unless WORKSPACE_RELEASE names
+# another of the affected ones (0.5.22, with FlashInfer 0.7.1, its pin).
+RELEASE = os.environ.get("WORKSPACE_RELEASE", "0.5.19")
+assert RELEASE in wc.AFFECTED_RELEASES, RELEASE
 ARMS = ("release", "record", "oracle")
 HEADS, KV_HEADS, HEAD_DIM, PAGE = wc.HEADS, wc.KV_HEADS, wc.HEAD_DIM, wc.PAGE
 GROUP = HEADS // KV_HEADS
