@@ -37,7 +37,11 @@ def remove():
     # Nothing can have been wrapped unless the patch module was loaded; asking
     # here, rather than importing it, keeps remove() from importing wrapt.
     patch = sys.modules.get(__name__ + ".patch")
-    return patch.remove_all() if patch is not None else 0
+    restored = patch.remove_all() if patch is not None else 0
+    state = sys.modules.get(__name__ + ".process_state")
+    if state is not None:  # what `status --pid` reads of this process follows
+        state.removed()
+    return restored
 
 
 def assess():

@@ -1,6 +1,6 @@
 """Operator command line (``sglang-hotfix-trtllm`` or ``python -m sglang_hotfix_trtllm``).
 
-* ``status [--json] [--source PATH]``: never imports SGLang or torch.
+* ``status [--json] [--source PATH | --pid PID | --processes]``: never imports SGLang or torch.
 * ``verify``: imports SGLang's backend on CPU and compares patched, unpatched
   and upstream-fixed capture (see ``verify``).
 * ``run -- COMMAND``: run COMMAND with the hotfix loaded in it and its Python
@@ -40,6 +40,10 @@ STATUS_HELP = (
 with --source, 0 to 2 answer for the code read, as if the plugin were installed by pip where it runs:
   0  every file would be protected or has nothing to do; 1  a file has a bug a record recognises but
   cannot repair; 2  a file's code is not recognised. The first line says it in the same words
+with --pid PID, 0 to 2 answer for that running process, from what it recorded (SGLANG_HOTFIX_TRTLLM_STATE_DIR,
+else /tmp/sglang-hotfix-trtllm-UID): 0  patched, or nothing to do there; 1  a bug runs unpatched there (turned
+off, remove() called, started before the install, unrepairable); 2  the hotfix refused there; 3  no such process.
+--processes: every SGLang process here, the first line the worst of them
 
 """
     + SWITCHES_HELP
@@ -141,6 +145,11 @@ def _human(report, state):
 def status(arguments):
     from . import detect, status as state
 
+    if arguments.pid is not None or arguments.processes:
+        if arguments.source is not None or (arguments.pid is not None and arguments.processes):
+            diagnose("status: --pid, --processes and --source each ask another question: give one")
+            return state.EXIT_BAD_PATH
+        return _status_of_processes(arguments, state)
     if arguments.source is not None:  # --source "" is a path that cannot be examined (exit 3), not "installed"
         with detect.shared_parses(), state.shared_walks():  # one walk, one parse per file, for all records
             return _status_of_source(arguments, state)
@@ -172,6 +181,47 @@ def status(arguments):
         )
         return _write_result(json.dumps(document, indent=2, sort_keys=True) + "\n", worst)
     return _write_result(state.overall_headline(reports, worst) + "\n\n" + "\n".join(texts), worst)
+
+
+def _status_of_processes(arguments, state):
+    """``status --pid PID`` (what that running process recorded) or ``status --processes`` (every
+    SGLang process here, with its own answer)."""
+    if arguments.processes:
+        headline, code, answers = state.of_processes()
+        if arguments.json:
+            document = {
+                "format_version": state.FORMAT_VERSION,
+                "headline": headline,
+                "exit_status": code,
+                "processes": [dict(doc, headline=line, exit_status=c) for _, line, c, doc in answers],
+            }
+            return _write_result(json.dumps(document, indent=2, sort_keys=True) + "\n", code)
+        lines = [headline, ""] + ["%-8d %s" % (pid, line) for pid, line, _, _ in answers]
+        return _write_result("\n".join(lines) + "\n", code)
+    try:
+        headline, code, document = state.of_process(arguments.pid)
+    except state.PathProblem as problem:
+        diagnose("status --pid: %s" % problem)
+        return state.EXIT_BAD_PATH
+    if arguments.json:
+        document = dict(document, format_version=state.FORMAT_VERSION, headline=headline, exit_status=code)
+        return _write_result(json.dumps(document, indent=2, sort_keys=True) + "\n", code)
+    texts = []
+    for report in document.get("hotfixes", ()) if "why" not in document else ():  # one reason for all: said once
+        texts.append(
+            "record %s: %s (verdict %s)%s"
+            % (
+                report["hotfix"],
+                "patched" if report["would_patch"] else report["would_patch_reason"],
+                report["verdict"],
+                "" if report["verdict"] in ("not-loaded",) else ": " + report["reason"],
+            )
+        )
+    command = " ".join(_shown(word) for word in document.get("command") or ()) or "(command line not readable)"
+    lines = [headline, "", "process %d: %s" % (arguments.pid, command)]
+    if document.get("state_file"):
+        lines.append("state file: %s" % _shown(document["state_file"]))
+    return _write_result("\n".join(lines + texts) + "\n", code)
 
 
 def _status_of_source(arguments, state):
@@ -279,6 +329,18 @@ def _parser():
         "--source",
         metavar="PATH",
         help="classify this source file (%s), or every one under this folder, instead of the installed one" % files,
+    )
+    status_parser.add_argument(
+        "--pid",
+        type=int,
+        metavar="PID",
+        help="say what the running process PID has applied (each record: patched, turned off and why, refused), "
+        "from the state it wrote when it imported SGLang's backend",
+    )
+    status_parser.add_argument(
+        "--processes",
+        action="store_true",
+        help="list the SGLang processes of this host or container, each with its own answer (as --pid)",
     )
     status_parser.set_defaults(run=status)
     verify_parser = verbs.add_parser(

@@ -10,12 +10,13 @@ import hook, already imported). Never raises into the host, except
 operator asked for.
 """
 
+import contextlib
 import enum
 import logging
 import os
 import types
 
-from . import detect, source, switches
+from . import detect, process_state, source, switches
 from .records import catalog
 from .logs import say
 from .record import Value, Verdict
@@ -188,14 +189,36 @@ def handle(hotfix, module):
         assessment = detect.assess_module(hotfix, module)
         return assessment
 
+    def done(outcome, why=None, patched=False):
+        """Keep what was done for ``status --pid`` (process_state), and return ``outcome``."""
+        try:
+            found = assessment if assessment is not None else assess()
+            path = found.source_path
+            process_state.note(
+                hotfix,
+                found.verdict.value,
+                found.reason,
+                found.fingerprint,
+                source.distribution(hotfix.distribution, path, hotfix.module).version if path else None,
+                decision.action.value,
+                why or decision.why,
+                patched,
+            )
+        except Exception as error:  # what status --pid reads must never cost the host its import
+            say(logging.DEBUG, "could not note %s for status --pid: %s: %s", hotfix.name, type(error).__name__, error)
+        return outcome
+
     decision = decide(hotfix, assess, current)
     if decision.action in REFUSALS:
-        _refuse(hotfix, current.strict, decision.message)
+        try:
+            _refuse(hotfix, current.strict, decision.message)
+        finally:
+            done("refused")
         return "refused"
     if decision.action is not Action.PATCH:
         if decision.message is not None:
             say(decision.level, "%s", decision.message, once_key=(decision.action.value, hotfix.name))
-        return decision.action
+        return done(decision.action)
 
     from . import patch
 
@@ -203,6 +226,7 @@ def handle(hotfix, module):
     try:
         outcome = patch.wrap(hotfix, module, assessment)
     except patch.NotWrappable as problem:
+        done("refused", "not wrappable: %s" % problem)
         _refuse(
             hotfix,
             current.strict,
@@ -212,6 +236,7 @@ def handle(hotfix, module):
         )
         return "refused"
     except Exception as error:
+        done("refused", "wrapping failed: %s: %s" % (type(error).__name__, error))
         _refuse(
             hotfix,
             current.strict,
@@ -236,8 +261,8 @@ def handle(hotfix, module):
         metrics.report_applied(
             hotfix, source.distribution(hotfix.distribution, path, hotfix.module).version, assessment.fingerprint
         )
-        return "patched"
-    return outcome
+        return done("patched", "patched in this process", patched=True)
+    return done(outcome, "patched in this process (%s)" % outcome, patched=outcome == "already")
 
 
 def on_module_imported(module, name=None):
@@ -251,7 +276,7 @@ def on_module_imported(module, name=None):
         return
     name = name or getattr(module, "__name__", None)
     # The records of one module read one file and one distribution's metadata: each once.
-    with detect.shared_parses(), source.remembering():
+    with detect.shared_parses(), source.remembering(), _publishing_state():
         for hotfix in catalog.for_module(name):
             try:
                 handle(hotfix, module)
@@ -266,3 +291,13 @@ def on_module_imported(module, name=None):
                     error,
                     once=False,
                 )
+
+
+@contextlib.contextmanager
+def _publishing_state():
+    """This process's state file for ``status --pid``, written once the module's records are handled
+    (also when strict mode stops the import)."""
+    try:
+        yield
+    finally:
+        process_state.publish()

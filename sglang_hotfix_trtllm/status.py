@@ -12,7 +12,7 @@ import os
 import stat
 import sys
 
-from . import __version__, detect, engine, launcher, source, switches
+from . import __version__, detect, engine, launcher, process_state, source, switches
 from .record import Verdict
 
 STARTUP_FILE = "sglang_hotfix_trtllm.pth"
@@ -63,7 +63,9 @@ def sglang_has_plugin_framework(hotfix, assessment):
 
 # Which Python processes a loader covers (``covered_processes`` in the JSON report).
 EVERY_PROCESS, UNDER_RUN, SGLANG_LOADER_ONLY, NONE = "every-process", "under-run", "sglang-plugin-loader-only", "none"
+THIS_PROCESS = "this-process"  # status --pid: the records patched in that running process
 COVERAGE_WORDS = {
+    THIS_PROCESS: "each of them is patched in that process",
     EVERY_PROCESS: "every new Python process of this environment is patched (the startup file arms the hook)",
     UNDER_RUN: "this process's Python children are patched (it runs under `sglang-hotfix-trtllm run`)",
     SGLANG_LOADER_ONLY: (
@@ -339,7 +341,13 @@ def _why_open(report):
     return report["would_patch_reason"]
 
 
-def overall_headline(reports, code, subject=None):
+def _patched_words(patched, running):
+    if not running:
+        return "would be patched"
+    return "is patched" if len(patched) == 1 else "are patched"
+
+
+def overall_headline(reports, code, subject=None, running=False):
     """The one first line of ``status``: a verdict across every record, whose
     first word matches the exit status ``code`` (0 PROTECTED or NOTHING TO DO,
     1 NOT PROTECTED, 2 CANNOT PATCH). The Docker recipe reads this line.
@@ -368,11 +376,12 @@ def overall_headline(reports, code, subject=None):
             for r in reports
             if r["verdict"] in ("affected", "unknown", "unrepairable") and not r["would_patch"] and r not in accepted
         ]
-        return "NOT PROTECTED: %s: record %s would run unpatched in a new process: %s%s" % (
+        return "NOT PROTECTED: %s: record %s %s: %s%s" % (
             sglang,
             names(open_),
+            "runs unpatched there" if running else "would run unpatched in a new process",
             "; ".join("%s: %s" % (r["hotfix"], _why_open(r)) for r in open_),
-            " (record %s would be patched)" % names(patched) if patched else "",
+            (" (record %s %s)" % (names(patched), _patched_words(patched, running))) if patched else "",
         )
     said_accepted = (
         "; record %s turned off by %s: its bug runs unrepaired, accepted as not served here"
@@ -448,3 +457,187 @@ def readable(value):
     if isinstance(value, (list, tuple)):
         return ", ".join(readable(v) for v in value) or "none"
     return str(value)
+
+
+# --------------------------------------------------------------------------
+# A running process (status --pid, status --processes): what it recorded itself (process_state)
+
+
+def _record_exit_status(verdict, decision, patched):
+    """``exit_status`` for what a process recorded: "removed" (remove() ran there) counts as the
+    operator's choice, as a record turned off."""
+    action = engine.Action.DISABLED if decision == "removed" else engine.Action(decision)
+    return exit_status(_Verdicted(Verdict(verdict)), _Decided(action), patched)
+
+
+class _Verdicted:
+    def __init__(self, verdict):
+        self.verdict = verdict
+
+
+class _Decided:
+    def __init__(self, action):
+        self.action = action
+
+
+def _installed_needs():
+    """The records whose bug the SGLang installed here has (affected, unrepairable, unknown): what a
+    process of this environment that runs without the hotfix runs unpatched."""
+    with detect.shared_parses():
+        assessed = [(h, detect.assess_installed(h)) for h in _catalog().HOTFIXES]
+    bugs = (Verdict.AFFECTED, Verdict.UNREPAIRABLE, Verdict.UNKNOWN)
+    return [(h, a) for h, a in assessed if a.verdict in bugs], assessed
+
+
+def _catalog():
+    from .records import catalog
+
+    return catalog
+
+
+def of_process(pid):
+    """(headline, exit status, document) for the live process ``pid``, from the state file it wrote
+    (``process_state``); where it wrote none, what can be told from outside (its environment, its
+    start against the install's). Raises PathProblem (exit 3) where there is no such process."""
+    if pid <= 0 or not process_state.alive(pid):
+        raise PathProblem("no process %d on this host or container" % pid)
+    command = process_state.command_line(pid)
+    document, where = process_state.read(pid)
+    facts = {"pid": pid, "command": command, "state_file": where if document is not None else None}
+    if document is not None:
+        reports, code = [], EXIT_OK
+        for hotfix in _catalog().HOTFIXES:
+            recorded = document["records"].get(hotfix.name)
+            if recorded is None:  # a record that process's version of the plugin does not carry
+                reports.append(_not_recorded(hotfix, "not carried by the hotfix that process runs"))
+                continue
+            patched = bool(recorded["patched"])
+            reports.append(
+                {
+                    "hotfix": hotfix.name,
+                    "upstream": recorded.get("upstream") or hotfix.upstream,
+                    "verdict": recorded["verdict"],
+                    "reason": recorded["reason"],
+                    "fingerprint": recorded.get("fingerprint"),
+                    "sglang_version": recorded.get("sglang_version"),
+                    "would_patch": patched,
+                    "decision": recorded["decision"],
+                    "would_patch_reason": recorded["why"],
+                    "covered_processes": THIS_PROCESS if patched else NONE,
+                }
+            )
+            code = max(code, _record_exit_status(recorded["verdict"], recorded["decision"], patched))
+        version = next((r["sglang_version"] for r in reports if r.get("sglang_version")), None)
+        subject = "process %d (SGLang %s)" % (pid, version or "version unknown")
+        facts.update(plugin_version=document.get("plugin_version"), python=document.get("python"))
+        headline = overall_headline(reports, code, subject=subject, running=True)
+        return headline, code, dict(facts, hotfixes=reports)
+    return _without_state(pid, facts, where)
+
+
+def _not_recorded(hotfix, why):
+    return {
+        "hotfix": hotfix.name,
+        "upstream": hotfix.upstream,
+        "verdict": "not-loaded",
+        "reason": why,
+        "would_patch": False,
+        "decision": "none",
+        "would_patch_reason": why,
+        "covered_processes": NONE,
+    }
+
+
+def _without_state(pid, facts, looked):
+    """A live process that recorded nothing: the hotfix decided nothing in it."""
+    facts["looked_for"] = looked
+    if not process_state.looks_like_sglang(pid):
+        headline = (
+            "NOTHING TO DO: process %d recorded no decision of this hotfix and is not an SGLang process as far as "
+            "can be seen (its command line does not name SGLang, its memory holds no SGLang kernel)" % pid
+        )
+        return headline, EXIT_OK, dict(facts, hotfixes=[], why=headline)
+    environ = process_state.environ_of(pid)
+    started, installed = process_state.started_at(pid), _installed_at()
+    current = switches.read(environ) if environ is not None else None
+    if current is not None and current.disabled:
+        switch = current.disabled_why or "%s=%s" % (switches.DISABLE, environ.get(switches.DISABLE))
+        why = "%s in its environment: the hotfix does nothing there" % switch
+    elif started is not None and installed is not None and started < installed:
+        why = "it started (%s) before this hotfix was installed (%s): it runs without it; restart it to be patched" % (
+            _when(started),
+            _when(installed),
+        )
+    else:
+        why = None
+    if why is None:
+        headline = (
+            "NOTHING TO DO: process %d recorded no decision of this hotfix: it has not imported SGLang's "
+            "trtllm_mha backend (a tokenizer or detokenizer process never does), or it runs a Python where the "
+            "hotfix is not loaded (`sglang-hotfix-trtllm status` with that Python says which)" % pid
+        )
+        return headline, EXIT_OK, dict(facts, hotfixes=[], why=headline)
+    needs, assessed = _installed_needs()
+    facts["why"] = why
+    reports = [_not_recorded(h, why) for h in _catalog().HOTFIXES]
+    if not needs:
+        return (
+            "NOTHING TO DO: process %d: %s; the SGLang installed here needs none of its records" % (pid, why),
+            EXIT_OK,
+            dict(facts, hotfixes=reports),
+        )
+    return (
+        "NOT PROTECTED: process %d: %s; the SGLang installed here has the bugs of record %s"
+        % (pid, why, ", ".join(h.name for h, _ in needs)),
+        EXIT_UNPROTECTED,
+        dict(facts, hotfixes=reports),
+    )
+
+
+def _installed_at():
+    """When this hotfix was installed: its package's ``__init__.py`` as pip wrote it."""
+    try:
+        return os.stat(os.path.join(launcher.INSTALL_DIR, "sglang_hotfix_trtllm", "__init__.py")).st_mtime
+    except OSError:
+        return None
+
+
+def _when(seconds):
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds))
+
+
+def of_processes():
+    """(headline, exit status, [(pid, headline, code, document)]) for every SGLang process here: those
+    with a state file (this user's folder) and those whose command line names SGLang."""
+    pids = sorted(set(process_state.recorded_pids()) | set(process_state.sglang_pids()))
+    answers = []
+    for pid in pids:
+        try:
+            answers.append((pid,) + of_process(pid))
+        except PathProblem:  # gone meanwhile
+            continue
+    if not answers:
+        return "NOTHING TO DO: no SGLang process found on this host or container", EXIT_OK, answers
+    worst = max(code for _, _, code, _ in answers)
+    word = {EXIT_OK: None, EXIT_UNPROTECTED: "NOT PROTECTED", EXIT_ERROR: "CANNOT PATCH"}[worst]
+    if word is None:
+        protected = [pid for pid, line, _, _ in answers if line.startswith("PROTECTED")]
+        return (
+            "%s: %d SGLang process(es) here, none runs a bug of this hotfix's records unpatched%s"
+            % (
+                "PROTECTED" if protected else "NOTHING TO DO",
+                len(answers),
+                " (patched in process %s)" % ", ".join(map(str, protected)) if protected else "",
+            ),
+            worst,
+            answers,
+        )
+    failing = [pid for pid, _, code, _ in answers if code == worst]
+    return (
+        "%s: process %s of the %d SGLang process(es) here (each line below says why)"
+        % (word, ", ".join(map(str, failing)), len(answers)),
+        worst,
+        answers,
+    )

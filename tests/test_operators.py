@@ -502,7 +502,11 @@ def test_uv_install_then_the_readmes_uv_removal_leaves_nothing_of_the_plugin(tmp
     env = clean_env(PATH="%s:%s:%s" % (target / "bin", tool / "bin", os.environ["PATH"]))
     (install,) = _readme_command("With uv:")
     install = install.replace("/tmp/sglang_hotfix_trtllm-%s-py3-none-any.whl" % __version__, str(plugin_wheel))
-    removal = _readme_command("* uv,")
+    # The removal is one line in a fenced block, pasted as it is (issue 37 item 8: the inline
+    # command spanned lines, and pasted from the file it broke and still exited 0).
+    lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
+    removal = [line for line in lines if line.startswith('P="$(which python)"')]
+    assert len(removal) == 1
     for command in [install] + removal:
         ran = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, timeout=600)
         assert ran.returncode == 0, (command, ran.stderr)

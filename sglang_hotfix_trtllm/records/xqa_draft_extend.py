@@ -213,7 +213,8 @@ def classify(tree):
     if _no_draft_extend_route(extend, tree):
         return verdict(
             Verdict.NOT_APPLICABLE,
-            "forward_extend has no draft-extend route to the decode kernel (is_draft_extend_v2 is never asked)",
+            "forward_extend has no draft-extend route to the decode kernel (is_draft_extend_v2 is never asked; only "
+            "target verify, if anything, reaches flashinfer.decode)",
         )
     if _fixed_in_substance(extend):
         return verdict(

@@ -1,0 +1,264 @@
+"""A running process's own answer: what the hotfix did in it, kept where ``status --pid`` reads it.
+
+``status`` alone answers for a process started now; a server started before ``pip install``, or
+with ``SGLANG_HOTFIX_TRTLLM_DISABLE=1`` in its own environment, is another matter. As kpatch's
+``/sys/kernel/livepatch`` does for a kernel, each process that decides (the engine, when SGLang's
+backend module is imported, and ``remove()``) writes one small JSON file: each record's verdict,
+what was done (patched, turned off and why, refused) and the process's identity (pid and start
+time: a pid the system reuses is not mistaken for it). The folder is per user, needs no root:
+``/tmp/sglang-hotfix-trtllm-<uid>/`` (``SGLANG_HOTFIX_TRTLLM_STATE_DIR`` overrides it), one file
+``<pid>-<start>.json`` per process, written whole then renamed, so a reader never sees half of one.
+``status`` prunes the files of processes that are gone.
+
+Cost: nothing in a process that never imports SGLang's backend; in one that does, one write of
+about 2 KB after the records are handled (the backend's import itself takes seconds). Never raises
+into the host: a failure to write costs one DEBUG line, and ``status --pid`` then says the process
+recorded nothing.
+
+Standard library only.
+"""
+
+import json
+import logging
+import os
+import re
+import sys
+import time
+
+from .logs import say
+
+STATE_DIR_VARIABLE = "SGLANG_HOTFIX_TRTLLM_STATE_DIR"
+FORMAT = 1
+
+_records = {}  # record name -> what was done in this process (the file's "records")
+
+
+def state_dir(uid=None, environ=None):
+    """The folder of the state files of ``uid``'s processes (this process's uid by default)."""
+    environ = os.environ if environ is None else environ
+    chosen = environ.get(STATE_DIR_VARIABLE)
+    if chosen:
+        return chosen
+    if uid is None:
+        uid = os.getuid() if hasattr(os, "getuid") else 0
+    # Not TMPDIR or tempfile's choice: the shell that asks may have another one than the server.
+    return os.path.join("/tmp" if os.name == "posix" else os.path.expanduser("~"), "sglang-hotfix-trtllm-%d" % uid)
+
+
+def start_ticks(pid):
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat), as text;
+    None where there is no /proc or the process is gone."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as handle:
+            text = handle.read().decode("ascii", "replace")
+    except (OSError, ValueError):
+        return None
+    fields = text.rpartition(")")[2].split()  # the command name, in parentheses, may hold spaces
+    return fields[19] if len(fields) > 19 else None
+
+
+def file_name(pid, ticks):
+    return "%d-%s.json" % (pid, ticks or "na")
+
+
+def note(hotfix, verdict, reason, fingerprint, sglang_version, decision, why, patched):
+    """What ``engine.handle`` decided and did for one record in this process."""
+    _records[hotfix.name] = {
+        "verdict": verdict,
+        "reason": reason,
+        "fingerprint": fingerprint,
+        "sglang_version": sglang_version,
+        "upstream": hotfix.upstream,
+        "decision": decision,
+        "why": why,
+        "patched": patched,
+    }
+
+
+def removed():
+    """``remove()`` ran: nothing is patched in this process any more, by the operator's call."""
+    for record in _records.values():
+        if record["patched"]:
+            record.update(patched=False, decision="removed", why="remove() was called in this process")
+    publish()
+
+
+def publish():
+    """Write this process's file (whole, then renamed into place). Never raises."""
+    if not _records:
+        return False
+    try:
+        pid = os.getpid()
+        ticks = start_ticks(pid)
+        folder = state_dir()
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        document = {
+            "format": FORMAT,
+            "pid": pid,
+            "start_ticks": ticks,
+            "python": sys.executable,
+            "argv": list(sys.argv[:16]),
+            "plugin_version": _plugin_version(),
+            "written": time.time(),
+            "records": _records,
+        }
+        target = os.path.join(folder, file_name(pid, ticks))
+        partial = "%s.%d.partial" % (target, pid)
+        with open(partial, "w", encoding="utf-8") as handle:
+            json.dump(document, handle, sort_keys=True)
+        os.replace(partial, target)
+        return True
+    except Exception as error:  # a full or read-only /tmp must not cost the host anything
+        say(logging.DEBUG, "could not write this process's state for status --pid: %s: %s", type(error).__name__, error)
+        return False
+
+
+def _plugin_version():
+    from . import __version__
+
+    return __version__
+
+
+# --------------------------------------------------------------------------
+# Reading, for `status --pid` and `status --processes`
+
+
+def alive(pid):
+    """The process exists (on Linux, its /proc entry; elsewhere, a signal 0)."""
+    if os.path.isdir("/proc/%d" % pid):
+        return True
+    if os.path.isdir("/proc/self"):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # it exists, but belongs to someone else
+    return True
+
+
+def environ_of(pid):
+    """The process's environment at its start (/proc/PID/environ), or None where it cannot be read
+    (another user's process without root, no /proc)."""
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    pairs = (item.partition(b"=") for item in data.split(b"\0") if item)
+    return {key.decode("utf-8", "replace"): value.decode("utf-8", "replace") for key, _, value in pairs}
+
+
+def command_line(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as handle:
+            return [part.decode("utf-8", "replace") for part in handle.read().split(b"\0") if part]
+    except OSError:
+        return None
+
+
+def owner(pid):
+    try:
+        return os.stat("/proc/%d" % pid).st_uid
+    except OSError:
+        return None
+
+
+def started_at(pid):
+    """The process's start as seconds since the epoch (boot time plus its start ticks), or None."""
+    ticks = start_ticks(pid)
+    try:
+        with open("/proc/stat", encoding="ascii") as handle:
+            boot = next(int(line.split()[1]) for line in handle if line.startswith("btime "))
+        return boot + int(ticks) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, TypeError, StopIteration, AttributeError):
+        return None
+
+
+def _folders_of(pid):
+    """Where process ``pid`` writes its file: its own state folder (by its environment and uid), seen
+    through /proc/PID/root first (a private /tmp), then as this process sees it."""
+    environ = environ_of(pid) or {}
+    uid = owner(pid)
+    folder = state_dir(uid=uid, environ=environ) if uid is not None or STATE_DIR_VARIABLE in environ else state_dir()
+    return ["/proc/%d/root%s" % (pid, folder) if folder.startswith("/") else folder, folder]
+
+
+def read(pid):
+    """(document, path) of the live process ``pid``'s state file, or (None, why) where it has none."""
+    ticks = start_ticks(pid)
+    name = file_name(pid, ticks)
+    tried = []
+    for folder in _folders_of(pid):
+        path = os.path.join(folder, name)
+        tried.append(path)
+        try:
+            with open(path, encoding="utf-8") as handle:
+                document = json.load(handle)
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as error:
+            return None, "cannot read %s: %s" % (path, error)
+        if isinstance(document, dict) and document.get("pid") == pid and document.get("start_ticks") == ticks:
+            return document, path
+    return None, "no state file (looked for %s)" % " and ".join(dict.fromkeys(tried))
+
+
+def recorded_pids(folder=None):
+    """The pids with a state file in ``folder`` (this user's by default), pruning the files of
+    processes that are gone or whose pid now names another process."""
+    folder = folder or state_dir()
+    pids = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return pids
+    for name in names:
+        pid_text, _, rest = name.partition("-")
+        if not (pid_text.isdigit() and rest.endswith(".json")):
+            continue
+        pid = int(pid_text)
+        if alive(pid) and file_name(pid, start_ticks(pid)) == name:
+            pids.append(pid)
+            continue
+        try:
+            os.remove(os.path.join(folder, name))
+        except OSError:
+            pass
+    return sorted(pids)
+
+
+def _names_sglang(words):
+    """Some word of the command line (a script's text included) names SGLang, not only this hotfix."""
+    tokens = (t for word in words for t in re.findall(r"[\w.:/-]*sglang[\w.:/-]*", word.lower()))
+    return any("hotfix" not in token for token in tokens)
+
+
+def looks_like_sglang(pid):
+    """The process is SGLang's as far as can be seen from outside: its command line names SGLang (a
+    server, ``sglang::scheduler`` titles, an Engine script), or its memory holds SGLang's kernels."""
+    if _names_sglang(command_line(pid) or ()):
+        return True
+    try:
+        with open("/proc/%d/maps" % pid, "rb") as handle:
+            maps = handle.read()
+    except OSError:
+        return False
+    return b"sgl_kernel" in maps or b"/sglang/" in maps
+
+
+def sglang_pids():
+    """Live processes of this host or container whose command line names SGLang (a server, its
+    schedulers, an Engine script), this one excepted."""
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        if _names_sglang(command_line(int(entry)) or ()):
+            found.append(int(entry))
+    return sorted(found)

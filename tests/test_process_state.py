@@ -1,0 +1,173 @@
+"""Issue 37 item 2: a running process's own answer (``status --pid``, ``status --processes``).
+
+Each case starts a real Python process of the test environment that imports SGLang 0.5.12's
+backend (every record's decision made by the engine as in a server's scheduler), keeps it running,
+and asks ``status`` about it from a shell whose environment differs where the case says. The state
+folder is the test's own (``SGLANG_HOTFIX_TRTLLM_STATE_DIR``, set for both sides, as a container
+sets nothing and both sides find ``/tmp/sglang-hotfix-trtllm-UID``).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import clean_env, run_cli, status_json
+from sglang_hotfix_trtllm import process_state
+from sglang_hotfix_trtllm import status as state
+
+CHILD = """
+import sys
+import sglang.srt.layers.attention.trtllm_mha_backend
+print("ready", flush=True)
+for line in sys.stdin:
+    if line.strip() == "remove":
+        import sglang_hotfix_trtllm
+        sglang_hotfix_trtllm.remove()
+        print("removed", flush=True)
+"""
+
+
+class Child:
+    def __init__(self, tmp_path, **environment):
+        self.state = tmp_path / "state"
+        env = clean_env(SGLANG_HOTFIX_TRTLLM_STATE_DIR=str(self.state), **environment)
+        # "sglang" in the command line, as a server's: `python -c ... sglang.srt...` names it
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", CHILD],
+            cwd=str(tmp_path),
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        assert self.process.stdout.readline().strip() == "ready"
+        self.pid = self.process.pid
+
+    def send(self, line, answer):
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+        assert self.process.stdout.readline().strip() == answer
+
+    def status(self, *args, **environment):
+        env = clean_env(SGLANG_HOTFIX_TRTLLM_STATE_DIR=str(self.state), **environment)
+        return status_json("--pid", str(self.pid), *args, env=env)
+
+    def close(self):
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+
+@pytest.fixture
+def child(tmp_path):
+    made = []
+
+    def start(**environment):
+        made.append(Child(tmp_path, **environment))
+        return made[-1]
+
+    yield start
+    for one in made:
+        one.close()
+
+
+def _records(report):
+    return {r["hotfix"]: r for r in report["hotfixes"]}
+
+
+def test_a_patched_server_process_says_protected_with_what_it_applied(child):
+    running = child()
+    shown = running.status()
+    report = shown.report
+    assert shown.returncode == 0 and report["exit_status"] == 0, report
+    assert report["headline"].startswith("PROTECTED: process %d (SGLang 0.5.12)" % running.pid)
+    records = _records(report)
+    assert records["pr31667"]["would_patch"] is True and records["pr31667"]["decision"] == "patch"
+    assert records["xqa_workspace"]["verdict"] == "not-applicable" and not records["xqa_workspace"]["would_patch"]
+    assert report["state_file"].endswith("%d-%s.json" % (running.pid, process_state.start_ticks(running.pid)))
+
+
+def test_a_process_started_with_a_record_off_is_not_protected_while_a_new_process_would_be(child):
+    """The shell that asks has no switch; the server was started with one: the server's answer."""
+    running = child(SGLANG_HOTFIX_TRTLLM_DISABLE="pr31667")
+    shown = running.status()
+    assert shown.returncode == 1, shown.report
+    opening = "NOT PROTECTED: process %d (SGLang 0.5.12): record pr31667 runs unpatched there" % running.pid
+    assert shown.report["headline"].startswith(opening), shown.report["headline"]
+    assert "(record pr26521, pr25103, pr28144, encoder_only_mask are patched)" in shown.report["headline"]
+    assert _records(shown.report)["pr31667"]["would_patch_reason"] == "SGLANG_HOTFIX_TRTLLM_DISABLE names pr31667"
+    plain = status_json(env=clean_env())  # what `status` alone says, for a new process
+    assert plain.returncode == 0 and plain.report["headline"].startswith("PROTECTED")
+
+
+def test_remove_in_the_process_is_what_status_pid_then_says(child):
+    running = child()
+    assert running.status().returncode == 0
+    running.send("remove", "removed")
+    shown = running.status()
+    assert shown.returncode == 1
+    assert "remove() was called in this process" in shown.report["headline"], shown.report["headline"]
+
+
+def test_a_process_with_the_hotfix_off_records_nothing_and_is_judged_from_its_environment(child):
+    running = child(SGLANG_HOTFIX_TRTLLM_DISABLE="1")
+    assert not running.state.exists() or not os.listdir(running.state)
+    shown = running.status()
+    assert shown.returncode == 1, shown.report
+    assert "SGLANG_HOTFIX_TRTLLM_DISABLE=1 in its environment" in shown.report["headline"]
+    assert "pr31667" in shown.report["headline"]  # the installed 0.5.12 has its bug
+
+
+def test_a_process_started_before_the_install_runs_without_it(child, monkeypatch):
+    running = child(SGLANG_HOTFIX_TRTLLM_DISABLE="1")
+    for name in os.listdir(running.state) if running.state.exists() else ():
+        os.remove(running.state / name)
+    monkeypatch.setenv("SGLANG_HOTFIX_TRTLLM_STATE_DIR", str(running.state))
+    # Seen from a shell whose clock says the hotfix was installed after the process started:
+    started = process_state.started_at(running.pid)
+    assert started is not None and abs(started - time.time()) < 600
+    monkeypatch.setattr(state, "_installed_at", lambda: started + 5)
+    monkeypatch.setattr(process_state, "environ_of", lambda pid: {})  # no switch seen there
+    headline, code, document = state.of_process(running.pid)
+    assert code == 1 and "before this hotfix was installed" in headline and "restart it" in headline, headline
+
+
+def test_processes_lists_each_sglang_process_with_its_answer_and_prunes_the_gone(child, tmp_path):
+    protected, unprotected = child(), child(SGLANG_HOTFIX_TRTLLM_DISABLE="pr28144")
+    stale = protected.state / "999999-1.json"
+    stale.write_text(json.dumps({"pid": 999999}))
+    env = clean_env(SGLANG_HOTFIX_TRTLLM_STATE_DIR=str(protected.state))
+    shown = status_json("--processes", env=env)
+    answers = {p["pid"]: p for p in shown.report["processes"]}
+    assert answers[protected.pid]["exit_status"] == 0 and answers[unprotected.pid]["exit_status"] == 1
+    assert shown.returncode == 1 and shown.report["headline"].startswith("NOT PROTECTED: process %d" % unprotected.pid)
+    assert not stale.exists()
+    text = run_cli("status", "--processes", env=env)
+    assert text.stdout.splitlines()[0] == shown.report["headline"]
+
+
+def test_status_pid_of_no_process_or_with_another_question_is_exit_3(tmp_path):
+    ran = run_cli("status", "--pid", "999999", env=clean_env(SGLANG_HOTFIX_TRTLLM_STATE_DIR=str(tmp_path)))
+    assert ran.returncode == 3 and "no process 999999" in ran.stderr and ran.stdout == ""
+    ran = run_cli("status", "--pid", str(os.getpid()), "--source", str(tmp_path))
+    assert ran.returncode == 3 and "give one" in ran.stderr
+
+
+def test_a_process_that_is_not_sglangs_has_nothing_to_do(tmp_path):
+    ran = status_json("--pid", str(os.getpid()), env=clean_env(SGLANG_HOTFIX_TRTLLM_STATE_DIR=str(tmp_path)))
+    # pytest's own command line names no SGLang; its memory may hold SGLang (the tests import it)
+    assert ran.returncode == 0, ran.report
+
+
+def test_an_unwritable_state_folder_never_stops_the_process(tmp_path, child):
+    blocked = tmp_path / "state"
+    blocked.write_text("a file where the folder should be")
+    running = child()  # imports the backend: the engine cannot write its state, and says so at DEBUG only
+    assert running.process.poll() is None
+    shown = running.status()
+    # What is then true from outside: it recorded nothing (a limit the README names).
+    assert shown.returncode == 0 and "recorded no decision" in shown.report["headline"], shown.report
