@@ -203,6 +203,8 @@ def _status_of_processes(arguments, state):
     except state.PathProblem as problem:
         diagnose("status --pid: %s" % problem)
         return state.EXIT_BAD_PATH
+    if str(document.get("looked_for", "")).startswith("not trusted"):
+        diagnose("status --pid: the state folder is %s: what it holds is not read" % document["looked_for"])
     if arguments.json:
         document = dict(document, format_version=state.FORMAT_VERSION, headline=headline, exit_status=code)
         return _write_result(json.dumps(document, indent=2, sort_keys=True) + "\n", code)

@@ -92,6 +92,9 @@ def publish():
         ticks = start_ticks(pid)
         folder = state_dir()
         os.makedirs(folder, mode=0o700, exist_ok=True)
+        problem = folder_problem(folder, os.getuid() if hasattr(os, "getuid") else None)
+        if problem:  # someone else's folder in /tmp: writing there would hand them what status reads
+            raise PermissionError(problem)
         document = {
             "format": FORMAT,
             "pid": pid,
@@ -111,6 +114,25 @@ def publish():
     except Exception as error:  # a full or read-only /tmp must not cost the host anything
         say(logging.DEBUG, "could not write this process's state for status --pid: %s: %s", type(error).__name__, error)
         return False
+
+
+def folder_problem(folder, uid):
+    """Why ``folder`` is not a state folder to trust for ``uid``'s processes, or None: it must be a
+    real folder (not a link), owned by that user, writable by no one else. (Another user may have
+    made ``/tmp/sglang-hotfix-trtllm-UID`` first, to write or read what ``status`` believes.)"""
+    try:
+        info = os.lstat(folder)
+    except OSError as error:
+        return "cannot examine %s: %s" % (folder, error)
+    import stat
+
+    if not stat.S_ISDIR(info.st_mode):
+        return "%s is not a folder (a link or a file)" % folder
+    if uid is not None and info.st_uid != uid:
+        return "%s belongs to uid %d, not %d" % (folder, info.st_uid, uid)
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return "%s is writable by others" % folder
+    return None
 
 
 def _plugin_version():
@@ -190,9 +212,13 @@ def read(pid):
     ticks = start_ticks(pid)
     name = file_name(pid, ticks)
     tried = []
+    uid = owner(pid)
     for folder in _folders_of(pid):
         path = os.path.join(folder, name)
         tried.append(path)
+        problem = folder_problem(folder, uid)
+        if problem and os.path.lexists(folder):
+            return None, "not trusted: %s" % problem
         try:
             with open(path, encoding="utf-8") as handle:
                 document = json.load(handle)
@@ -210,6 +236,8 @@ def recorded_pids(folder=None):
     processes that are gone or whose pid now names another process."""
     folder = folder or state_dir()
     pids = []
+    if folder_problem(folder, os.getuid() if hasattr(os, "getuid") else None):
+        return pids  # not a folder this user's processes wrote: nothing in it is believed, or deleted
     try:
         names = os.listdir(folder)
     except OSError:

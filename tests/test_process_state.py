@@ -171,3 +171,19 @@ def test_an_unwritable_state_folder_never_stops_the_process(tmp_path, child):
     shown = running.status()
     # What is then true from outside: it recorded nothing (a limit the README names).
     assert shown.returncode == 0 and "recorded no decision" in shown.report["headline"], shown.report
+
+
+def test_a_state_folder_others_can_write_is_neither_written_nor_believed(tmp_path, child):
+    """Another user may make /tmp/sglang-hotfix-trtllm-UID first: a folder writable by others (or
+    not the user's, or a link) is not written to by the process, and what it holds is not read."""
+    folder = tmp_path / "state"
+    folder.mkdir()
+    folder.chmod(0o777)
+    running = child()
+    assert running.process.poll() is None and os.listdir(folder) == []
+    forged = folder / process_state.file_name(running.pid, process_state.start_ticks(running.pid))
+    forged.write_text(
+        json.dumps({"pid": running.pid, "start_ticks": process_state.start_ticks(running.pid), "records": {}})
+    )
+    shown = running.status()
+    assert "is writable by others" in shown.stderr and "recorded no decision" in shown.report["headline"]
