@@ -172,13 +172,9 @@ def status(arguments):
     if not any(report["sglang_installed"] for report in reports):
         diagnose(state.overall_headline(reports, worst))
     if arguments.json:
-        # The first record's report at the top level (the shape of format 1), and every
-        # record's report under "hotfixes", so that the shape does not change with their number.
-        # "headline" and "exit_status" are the answer across every record (the text's first line
-        # and the exit status): a script reads those, not the first record's "would_patch".
-        document = dict(
-            reports[0], hotfixes=reports, headline=state.overall_headline(reports, worst), exit_status=worst
-        )
+        # Format 2: the answer across every record (the text's first line, the exit status) and
+        # the environment at the top level, each record's report under "hotfixes".
+        document = state.environment_document(reports, state.overall_headline(reports, worst), worst)
         return _write_result(json.dumps(document, indent=2, sort_keys=True) + "\n", worst)
     return _write_result(state.overall_headline(reports, worst) + "\n\n" + "\n".join(texts), worst)
 
@@ -238,7 +234,7 @@ def _status_of_source(arguments, state):
             for problem in tree["unreadable"]:
                 diagnose("status --source: cannot read %s (the verdicts cover only what could be read)" % problem)
         single = os.path.isfile(arguments.source)
-        documents.append(dict(tree["sources"][0], format_version=state.FORMAT_VERSION) if single else tree)
+        documents.append(dict(tree["sources"][0], hotfix=hotfix.name) if single else dict(tree, hotfix=hotfix.name))
         for assessment in assessments:
             if assessment.verdict is Verdict.UNKNOWN:
                 diagnose(
@@ -250,9 +246,12 @@ def _status_of_source(arguments, state):
     lines, code = _source_headlines(documents, state)
     worst = max(worst, code)  # a part of the folder that could not be read keeps its 3
     if arguments.json:
-        # As for the environment: the first record's document at the top level, every record's under
-        # "hotfixes"; "headline" and "exit_status" the answer across every record and file.
-        document = dict(documents[0], hotfixes=documents, headline=lines[0], exit_status=worst)
+        # As for the environment (format 2): the answer across every record and file at the top level
+        # (with the folder's root and what could not be read), every record's document under "hotfixes".
+        document = {"format_version": state.FORMAT_VERSION, "headline": lines[0], "exit_status": worst}
+        if not os.path.isfile(arguments.source):
+            document.update(root=documents[0]["root"], unreadable=documents[0]["unreadable"])
+        document["hotfixes"] = [{k: v for k, v in d.items() if k != "format_version"} for d in documents]
         if len(lines) > 1:
             document["file_headlines"] = lines[1:]
         return _write_result(json.dumps(document, indent=2, sort_keys=True) + "\n", worst)

@@ -18,7 +18,38 @@ from .record import Verdict
 STARTUP_FILE = "sglang_hotfix_trtllm.pth"
 EXIT_OK, EXIT_UNPROTECTED, EXIT_ERROR, EXIT_BAD_PATH = 0, 1, 2, 3
 # Bumped when a key of `status --json` changes meaning or goes away (adding keys does not).
-FORMAT_VERSION = 1
+# 2: the top level holds the answer across every record (headline, exit_status) and what is the
+# same for every record (the environment); each record's own keys only under "hotfixes" (in 1 the
+# top level also held the first record's, which a script read as the answer).
+FORMAT_VERSION = 2
+# The keys of a record's report that describe the environment, not the record: the top level's.
+ENVIRONMENT_KEYS = (
+    "format_version",
+    "plugin_version",
+    "plugin_location",
+    "sglang_version",
+    "sglang_install_kind",
+    "sglang_installed",
+    "startup_file",
+    "startup_file_active",
+    "launcher_active",
+    "entry_point_installed",
+    "sglang_plugin_framework",
+    "switches",
+    "switch_problems",
+)
+
+
+def environment_document(reports, headline, code):
+    """``status --json``: the answer and the environment at the top level, every record's report
+    under "hotfixes"."""
+    document = {key: reports[0][key] for key in ENVIRONMENT_KEYS if key in reports[0]}
+    document.update(
+        headline=headline,
+        exit_status=code,
+        hotfixes=[{key: value for key, value in r.items() if key != "format_version"} for r in reports],
+    )
+    return document
 
 
 def startup_file():

@@ -94,6 +94,15 @@ class Ran:
         """stdout read as JSON (``status --json``)."""
         return json.loads(self.stdout)
 
+    def flat(self, name="pr26521"):
+        """The top level (the answer, the environment) with one record's keys beside it: what a
+        test of one record reads (format 1 held the first record's keys at the top level)."""
+        return dict(self.report, **self.record(name))
+
+    def record(self, name="pr26521"):
+        """One record's report of ``status --json`` (format 2: under "hotfixes")."""
+        return next(r for r in self.report["hotfixes"] if r["hotfix"] == name)
+
     def __repr__(self):
         return "rc=%s\nstdout:\n%s\nstderr:\n%s" % (self.returncode, self.stdout[-3000:], self.stderr[-3000:])
 

@@ -14,7 +14,7 @@ from conftest import clean_env, record_names, run_cli, run_python, sglang_tree, 
 def test_status_reports_affected_and_protected():
     ran = status_json()
     assert ran.returncode == 0, ran.stderr
-    report = ran.report
+    report = ran.flat()
     assert report["verdict"] == "affected"
     assert report["sglang_version"] == "0.5.12"
     assert report["would_patch"] is True
@@ -25,7 +25,7 @@ def test_status_reports_affected_and_protected():
 def test_status_exits_1_when_affected_but_disabled():
     ran = status_json(env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE="1"))
     assert ran.returncode == 1
-    report = ran.report
+    report = ran.flat()
     assert report["would_patch"] is False and "SGLANG_HOTFIX_TRTLLM_DISABLE" in report["would_patch_reason"]
 
 
@@ -33,7 +33,7 @@ def test_status_source_on_a_fixed_file_says_fixed_and_exits_0(tmp_path, installe
     path = tmp_path / "trtllm_mha_backend.py"
     path.write_text(variants.fixed_source_text(installed_backend_source))
     ran = status_json("--source", str(path))
-    assert ran.returncode == 0 and ran.report["verdict"] == "fixed"
+    assert ran.returncode == 0 and ran.flat()["verdict"] == "fixed"
 
 
 def test_status_of_unreadable_source_exits_2_with_one_line(tmp_path):
@@ -72,14 +72,14 @@ def test_every_json_key_is_documented_in_the_reference():
 
 def test_status_exits_1_when_excluded_by_sglang_plugins():
     ran = status_json(env=clean_env(SGLANG_PLUGINS="another_plugin"))
-    assert ran.returncode == 1 and "SGLANG_PLUGINS" in ran.report["would_patch_reason"]
+    assert ran.returncode == 1 and "SGLANG_PLUGINS" in ran.flat()["would_patch_reason"]
 
 
 def test_status_exits_2_for_unknown_installed_code(tmp_path, installed_backend_source):
     # An SGLang whose backend is not recognised, first on PYTHONPATH.
     root = sglang_tree(tmp_path / "sglang_copy", variants.with_renamed_key(installed_backend_source))
     ran = status_json(env=clean_env(PYTHONPATH=str(root)))
-    assert ran.returncode == 2 and ran.report["verdict"] == "unknown"
+    assert ran.returncode == 2 and ran.flat()["verdict"] == "unknown"
     assert len(ran.stderr.strip().splitlines()) == 1
 
 
@@ -87,7 +87,7 @@ def test_status_when_sglang_is_absent(tmp_path, bare_python, target_install):
     ran = status_json(python=bare_python, env=clean_env(PYTHONPATH=str(target_install)), cwd=tmp_path)
     # Issue 37, item 1: not NOTHING TO DO (exit 0) but CANNOT PATCH (exit 2), naming the interpreter.
     assert ran.returncode == 2
-    report = ran.report
+    report = ran.flat()
     assert report["verdict"] == "not-applicable" and report["sglang_version"] is None
     assert report["sglang_installed"] is False and report["exit_status"] == 2
     assert report["headline"].startswith("CANNOT PATCH: SGLang is not installed for this Python")
@@ -103,7 +103,7 @@ def test_status_of_a_target_install_names_the_startup_file_python_reads(tmp_path
         cwd=tmp_path,
         env=clean_env(PYTHONPATH=str(target_install)),
     )
-    report = ran.report
+    report = ran.flat()
     assert report["plugin_location"] == str(target_install)
     assert report["startup_file_active"] is True and report["startup_file"].startswith(venv_site_packages)
     assert report["would_patch"] is True and report["covered_processes"] == "every-process"

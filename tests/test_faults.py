@@ -117,7 +117,7 @@ def test_method_replaced_by_someone_else_is_left_alone(fault):
 def test_odd_or_missing_versions_do_not_change_the_verdict(tmp_path, installed_backend_source, version):
     root = sglang_tree(tmp_path / "site", installed_backend_source, version=version)
     ran = status_json(cwd=tmp_path, env=clean_env(PYTHONPATH=str(root)))
-    report = ran.report
+    report = ran.flat()
     assert ran.returncode == 0 and report["verdict"] == "affected"
     assert report["sglang_version"] == version
 
@@ -126,7 +126,7 @@ def test_source_fixed_on_main_with_an_old_version_string_is_fixed(tmp_path, inst
     fixed = variants.fixed_source_text(installed_backend_source)
     root = sglang_tree(tmp_path / "site", fixed, version="0.5.12.dev300+g9f8e7d6")
     ran = status_json(cwd=tmp_path, env=clean_env(PYTHONPATH=str(root)))
-    assert ran.report["verdict"] == "fixed" and ran.returncode == 0
+    assert ran.flat()["verdict"] == "fixed" and ran.returncode == 0
 
 
 # --- environment values -------------------------------------------------------

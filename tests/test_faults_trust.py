@@ -63,7 +63,7 @@ def shadow_wrapt(tmp_path, stub):
 
 def _predicted_vs_actual(tmp_path, env):
     shown = status_json(env=env, cwd=tmp_path)
-    report, code, _ = shown.report, shown.returncode, shown.stderr
+    report, code, _ = shown.flat(), shown.returncode, shown.stderr
     ran = run_scenario("fault", "describe_or_error", env=env, cwd=tmp_path)
     assert ran.result is not None, ran
     lines = ran.hotfix_lines()
@@ -142,7 +142,7 @@ def test_status_calls_a_zipped_sglang_unknown(tmp_path, installed_backend_source
             zipped.writestr(package + "/__init__.py", "")
         zipped.writestr("sglang/" + str(TARGET_RELATIVE), installed_backend_source)
     shown = status_json(env=clean_env(PYTHONPATH=str(archive)), cwd=tmp_path)
-    report, code, _ = shown.report, shown.returncode, shown.stderr
+    report, code, _ = shown.flat(), shown.returncode, shown.stderr
     assert report["verdict"] == "unknown" and code == 2 and report["would_patch"] is False
     assert "not a file on disk" in report["reason"]
 
@@ -151,7 +151,7 @@ def test_status_on_a_sourceless_module_names_the_pyc(tmp_path, sglang_copy, inst
     """Promise 1: the reason names what was found instead of a source."""
     root = sglang_copy(sourceless=True)
     shown = status_json(env=clean_env(PYTHONPATH=str(root)), cwd=tmp_path)
-    report, code, stderr = shown.report, shown.returncode, shown.stderr
+    report, code, stderr = shown.flat(), shown.returncode, shown.stderr
     assert code == 2 and "not loaded from a .py source" in report["reason"] and ".pyc" in report["reason"]
     assert len(stderr.strip().splitlines()) == len(report["hotfixes"])  # one line per record
 
@@ -607,7 +607,7 @@ def test_a_disabled_record_with_unknown_code_is_off_in_status_and_in_the_process
     root = sglang_copy(_pr25103_unknown(installed_backend_source))
     env = clean_env(PYTHONPATH=str(root), SGLANG_HOTFIX_TRTLLM_DISABLE="pr25103")
     shown = status_json(env=env, cwd=tmp_path)
-    report, code, stderr = shown.report, shown.returncode, shown.stderr
+    report, code, stderr = shown.flat(), shown.returncode, shown.stderr
     pr25103_report = report["hotfixes"][1]
     assert pr25103_report["verdict"] == "unknown" and pr25103_report["would_patch"] is False
     assert "names pr25103" in pr25103_report["would_patch_reason"] and code == 1, (report, stderr)
@@ -627,7 +627,7 @@ def test_a_namespace_package_at_the_backends_name_is_not_applicable_in_status_an
     backend.with_suffix("").mkdir()
     env = clean_env(PYTHONPATH=str(root))
     shown = status_json(env=env, cwd=tmp_path)
-    report, code = shown.report, shown.returncode
+    report, code = shown.flat(), shown.returncode
     assert [r["verdict"] for r in report["hotfixes"]] == ["not-applicable"] * len(record_names()), report
     assert code == 0
     assert "namespace package" in report["reason"]

@@ -54,7 +54,17 @@ def test_human_status_shows_no_python_reprs():
 
 
 def test_json_status_carries_a_format_version():
-    assert status_json().report["format_version"] == 1
+    assert status_json().report["format_version"] == 2
+
+
+def test_json_status_top_level_is_the_answer_and_the_environment_not_a_record():
+    """Issue 37 item 3: format 1's top level was pr26521's report ("would_patch": false on 0.5.14
+    while pr31667 would be patched). Format 2: the answer and the environment only."""
+    report = status_json().report
+    assert {"headline", "exit_status", "hotfixes", "sglang_version", "switches"} <= set(report)
+    assert not {"verdict", "would_patch", "decision", "reason", "fingerprint", "hotfix"} & set(report)
+    single = status_json("--source", status_json().record()["source_path"]).report
+    assert not {"verdict", "would_patch", "reason", "fingerprint"} & set(single) and single["exit_status"] == 0
 
 
 # --- status --source on files and folders ---------------------------------------
@@ -77,9 +87,11 @@ def image_root(tmp_path, installed_backend_source):
 def test_source_folder_reports_every_backend_file_under_it(image_root):
     ran = status_json("--source", str(image_root))
     report = ran.report
-    assert ran.returncode == 0 and report["format_version"] == 1
-    assert sorted(r["verdict"] for r in report["sources"]) == ["affected", "fixed"]
-    assert all(r["source_path"].startswith(str(image_root)) for r in report["sources"])
+    assert ran.returncode == 0 and report["format_version"] == 2 and "sources" not in report
+    assert report["root"] == str(image_root) and report["unreadable"] == []
+    assert sorted(r["verdict"] for r in ran.record("pr26521")["sources"]) == ["affected", "fixed"]
+    for record in report["hotfixes"]:
+        assert all(r["source_path"].startswith(str(image_root)) for r in record["sources"])
 
 
 def test_source_folder_with_unknown_code_exits_2(image_root, installed_backend_source):
@@ -199,7 +211,7 @@ def test_offline_recipe_installs_with_no_index(tmp_path, offline_wheels):
         check=True,
         timeout=300,
     )
-    report = status_json(python=python, cwd=tmp_path).report
+    report = status_json(python=python, cwd=tmp_path).flat()
     assert report["verdict"] == "not-applicable" and report["startup_file_active"] is True
 
 
@@ -366,7 +378,7 @@ def test_status_source_on_a_too_deeply_nested_file_is_unknown_with_a_message(dee
 def test_a_folder_scan_survives_a_too_deeply_nested_file(image_root, deeply_nested):
     sglang_tree(image_root / "srv", deeply_nested.read_text())
     ran = status_json("--source", str(image_root))
-    verdicts = sorted(s["verdict"] for s in ran.report["sources"])
+    verdicts = sorted(s["verdict"] for s in ran.record()["sources"])
     assert ran.returncode == 2 and verdicts == ["affected", "fixed", "unknown"], ran.stderr
 
 
@@ -403,7 +415,8 @@ def test_a_folder_scan_with_an_unreadable_sub_folder_gives_the_rest_and_exits_3(
         assert len(ran.stderr.strip().splitlines()) == 1, ran.stderr
         return
     report = json.loads(ran.stdout)
-    assert sorted(s["verdict"] for s in report["sources"]) == ["affected", "fixed"]
+    first = next(r for r in report["hotfixes"] if r["hotfix"] == "pr26521")
+    assert sorted(s["verdict"] for s in first["sources"]) == ["affected", "fixed"]
     assert report["unreadable"] == ["%s: Permission denied" % locked]
     assert ran.stderr.count("status --source: cannot read %s: Permission denied" % locked) == 1, ran.stderr
 
@@ -528,7 +541,7 @@ def test_a_backend_in_a_dot_folder_such_as_a_venv_is_found(tmp_path, installed_b
     sglang_tree(tmp_path / "app" / ".venv" / "lib" / "python3.12" / "site-packages", installed_backend_source)
     ran = _scan(tmp_path / "app")
     assert ran.returncode == 0, ran.stderr
-    assert [s["verdict"] for s in ran.report["sources"]] == ["affected"]
+    assert [s["verdict"] for s in ran.record()["sources"]] == ["affected"]
 
 
 @pytest.mark.parametrize("odd", ["fifo", "broken_link"])
@@ -541,9 +554,9 @@ def test_an_odd_file_named_like_the_backend_is_reported_not_read(image_root, odd
         path.symlink_to(image_root / "nowhere")
     ran = _scan(image_root, timeout=60)
     assert ran.returncode == 3, ran
-    assert sorted(s["verdict"] for s in ran.report["sources"]) == ["affected", "fixed"]
+    assert sorted(s["verdict"] for s in ran.record()["sources"]) == ["affected", "fixed"]
     reason = {"fifo": "not a regular file", "broken_link": "a broken link"}[odd]
-    assert ran.report["unreadable"] == ["%s: %s" % (path, reason)]
+    assert ran.report["unreadable"] == ["%s: %s" % (path, reason)] == ran.record()["unreadable"]
 
 
 def test_a_tree_nested_too_deep_gives_no_traceback(image_root):
@@ -555,7 +568,7 @@ def test_a_tree_nested_too_deep_gives_no_traceback(image_root):
     finally:  # pytest's own clean-up (shutil.rmtree) recurses once per level, too deep for it
         subprocess.run(["rm", "-rf", "d"], cwd=image_root, check=True, timeout=60)
     assert "Traceback" not in ran.stderr and ran.returncode == 0, ran
-    assert sorted(s["verdict"] for s in ran.report["sources"]) == ["affected", "fixed"]
+    assert sorted(s["verdict"] for s in ran.record()["sources"]) == ["affected", "fixed"]
 
 
 def test_the_records_share_one_walk_of_the_tree(image_root):

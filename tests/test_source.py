@@ -61,7 +61,7 @@ def test_status_finds_the_backend_of_an_editable_sglang_in_its_checkout(tmp_path
         env=clean_env(),
     )
     subprocess.run(pip + [str(plugin_wheel)], check=True, timeout=300, env=clean_env())
-    report = status_json(python=str(venv / "bin" / "python"), cwd=tmp_path).report
+    report = status_json(python=str(venv / "bin" / "python"), cwd=tmp_path).flat()
     assert report["sglang_install_kind"] == "editable"
     assert report["source_path"] == str(checkout / "sglang" / TARGET_RELATIVE)
     assert report["verdict"] == "affected" and report["sglang_version"] == "0.5.12"
