@@ -107,3 +107,45 @@ def test_each_releases_hand_made_variants_get_the_verdict_their_code_earns(relea
     # Any other write to the buffer, and anything merely similar to upstream's statement.
     for name, statement in variants.OTHER_WRITES.items():
         assert verdict(variants.with_extra_write(text, statement)) is Verdict.UNKNOWN, name
+
+
+# Issue 37 item 5: pre-releases that ship the backend (every version on the package index was
+# looked at; none before 0.5.0rc0 ships it). 0.5.2rc0 to 0.5.2rc2, 0.5.3rc0 and 0.5.3rc2 hold the code
+# of a release (0.5.1 … 0.5.2, 0.5.3) and get its answer; 0.5.0rc0 to rc2 and 0.5.10rc0 hold code no
+# release has, and the README says they are not covered: record -> verdict as `status --source`
+# gives it, with the exit status.
+PRE_RELEASES = {
+    # no draft decode, its own kernel arguments (max_seq_len_k): pr26521, pr28144, pr17732 and
+    # encoder_only_mask unknown, nothing patched
+    "0.5.0rc2": (
+        {"pr26521": "unknown", "pr28144": "unknown", "pr17732": "unknown", "encoder_only_mask": "unknown"},
+        2,
+    ),
+    # 0.5.10's methods but forward_decode without one argument: pr28144 unknown, pr26521/pr25103 patched
+    "0.5.10rc0": ({"pr26521": "affected", "pr25103": "affected", "pr28144": "unknown"}, 2),
+    # 0.5.1's code: 0.5.1's answer
+    "0.5.2rc0": ({"pr26521": "affected", "pr28144": "affected", "pr17732": "affected"}, 1),
+}
+
+
+@pytest.mark.parametrize("release", sorted(PRE_RELEASES))
+def test_a_pre_release_shipping_the_backend_gets_what_the_readme_says(release):
+    import json
+    import subprocess
+    import sys
+
+    expected, code = PRE_RELEASES[release]
+    path = release_selection.release_dir(release) / isolated_release.BACKEND
+    ran = subprocess.run(
+        [sys.executable, "-m", "sglang_hotfix_trtllm", "status", "--source", str(path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd="/",
+    )
+    document = json.loads(ran.stdout)
+    verdicts = {r["hotfix"]: r["verdict"] for r in document["hotfixes"]}
+    assert ran.returncode == code, document["headline"]
+    assert {name: verdicts[name] for name in expected} == expected
+    others = set(verdicts) - set(expected)
+    assert {verdicts[name] for name in others} <= {"not-applicable", "fixed", "unrepairable"}
