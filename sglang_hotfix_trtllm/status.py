@@ -372,6 +372,18 @@ def _why_open(report):
     return report["would_patch_reason"]
 
 
+def _by_reason(reports, why):
+    """``record: reason`` for each reason once, the records sharing it named together (a reason
+    said for every record, "no loader is active" say, is one sentence, not one per record); one
+    reason for several records: the reason alone, the line names them before it."""
+    grouped = {}
+    for report in reports:
+        grouped.setdefault(why(report), []).append(report["hotfix"])
+    if len(grouped) == 1 and len(reports) > 1:  # the line names the records already
+        return next(iter(grouped))
+    return "; ".join("%s: %s" % (", ".join(records), reason) for reason, records in grouped.items())
+
+
 def _patched_words(patched, running):
     if not running:
         return "would be patched"
@@ -395,10 +407,7 @@ def overall_headline(reports, code, subject=None, running=False):
         )
     if code == EXIT_ERROR:
         failing = [r for r in reports if r["decision"] in [action.value for action in engine.REFUSALS]]
-        return "CANNOT PATCH: record %s: %s" % (
-            names(failing),
-            "; ".join("%s: %s" % (r["hotfix"], r["would_patch_reason"]) for r in failing),
-        )
+        return "CANNOT PATCH: record %s: %s" % (names(failing), _by_reason(failing, lambda r: r["would_patch_reason"]))
     accepted = [r for r in reports if r["verdict"] == "unrepairable" and r["decision"] == engine.Action.DISABLED.value]
     patched = [r for r in affected if r["would_patch"]]
     if code == EXIT_UNPROTECTED:
@@ -411,7 +420,7 @@ def overall_headline(reports, code, subject=None, running=False):
             sglang,
             names(open_),
             "runs unpatched there" if running else "would run unpatched in a new process",
-            "; ".join("%s: %s" % (r["hotfix"], _why_open(r)) for r in open_),
+            _by_reason(open_, _why_open),
             (" (record %s %s)" % (names(patched), _patched_words(patched, running))) if patched else "",
         )
     said_accepted = (
