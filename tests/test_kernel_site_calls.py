@@ -356,3 +356,23 @@ def _all_steps(node):
         yield kind, child
         if child is not None:
             yield from _all_steps(child)
+
+
+def test_a_reloaded_backend_module_is_patched_again(tmp_path):
+    """Issue 36's routes: ``importlib.reload`` of SGLang's backend makes a new class from the
+    module's code; the import hook handles the re-executed module as a first import, so the new
+    class's methods are the hotfix's wrappers too (in a fresh process, the hotfix armed by its
+    startup file)."""
+    from conftest import clean_env, run_python
+
+    code = (
+        "import importlib, json\n"
+        "import sglang.srt.layers.attention.trtllm_mha_backend as b\n"
+        "first = b.TRTLLMHAAttnBackend\n"
+        "importlib.reload(b)\n"
+        "second = b.TRTLLMHAAttnBackend\n"
+        "kinds = {n: type(second.__dict__[n]).__name__ for n in ('__init__', 'forward_decode', 'forward_extend')}\n"
+        "print('RESULT:' + json.dumps([first is second, kinds]))\n"
+    )
+    ran = run_python(["-c", code], cwd=tmp_path, env=clean_env())
+    assert ran.result == [False, {n: "HotfixWrapper" for n in ("__init__", "forward_decode", "forward_extend")}], ran
