@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import re
+import stat
 import sys
 import time
 
@@ -40,7 +41,7 @@ def state_dir(uid=None, environ=None):
     if chosen:
         return chosen
     if uid is None:
-        uid = os.getuid() if hasattr(os, "getuid") else 0
+        uid = _own_uid() or 0
     # Not TMPDIR or tempfile's choice: the shell that asks may have another one than the server.
     return os.path.join("/tmp" if os.name == "posix" else os.path.expanduser("~"), "sglang-hotfix-trtllm-%d" % uid)
 
@@ -55,6 +56,11 @@ def start_ticks(pid):
         return None
     fields = text.rpartition(")")[2].split()  # the command name, in parentheses, may hold spaces
     return fields[19] if len(fields) > 19 else None
+
+
+def _own_uid():
+    """This process's uid (None where the platform has none)."""
+    return os.getuid() if hasattr(os, "getuid") else None
 
 
 def file_name(pid, ticks):
@@ -92,7 +98,7 @@ def publish():
         ticks = start_ticks(pid)
         folder = state_dir()
         os.makedirs(folder, mode=0o700, exist_ok=True)
-        problem = folder_problem(folder, os.getuid() if hasattr(os, "getuid") else None)
+        problem = folder_problem(folder, _own_uid())
         if problem:  # someone else's folder in /tmp: writing there would hand them what status reads
             raise PermissionError(problem)
         document = {
@@ -124,8 +130,6 @@ def folder_problem(folder, uid):
         info = os.lstat(folder)
     except OSError as error:
         return "cannot examine %s: %s" % (folder, error)
-    import stat
-
     if not stat.S_ISDIR(info.st_mode):
         return "%s is not a folder (a link or a file)" % folder
     if uid is not None and info.st_uid != uid:
@@ -236,7 +240,7 @@ def recorded_pids(folder=None):
     processes that are gone or whose pid now names another process."""
     folder = folder or state_dir()
     pids = []
-    if folder_problem(folder, os.getuid() if hasattr(os, "getuid") else None):
+    if folder_problem(folder, _own_uid()):
         return pids  # not a folder this user's processes wrote: nothing in it is believed, or deleted
     try:
         names = os.listdir(folder)

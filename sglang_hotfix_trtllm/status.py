@@ -14,6 +14,7 @@ import sys
 
 from . import __version__, detect, engine, launcher, process_state, source, switches
 from .record import Verdict
+from .records import catalog  # engine imports it already: no cost here
 
 STARTUP_FILE = "sglang_hotfix_trtllm.pth"
 EXIT_OK, EXIT_UNPROTECTED, EXIT_ERROR, EXIT_BAD_PATH = 0, 1, 2, 3
@@ -131,20 +132,22 @@ def would_patch(decision, startup_active, under_launcher, entry_point, framework
     )
 
 
-def exit_status(assessment, decision, patched):
-    if decision.action is engine.Action.DISABLED and assessment.verdict is Verdict.UNREPAIRABLE:
+def exit_status(verdict, action, patched):
+    """The exit status one record gives: its ``verdict``, the engine's ``action`` on it, and whether
+    it is (or would be) patched."""
+    if action is engine.Action.DISABLED and verdict is Verdict.UNREPAIRABLE:
         # A bug this hotfix cannot repair, turned off by name: the operator, told what it concerns,
         # says this deployment does not serve it (an embedding model, say). Nothing would run
         # differently with the record on, so the exit status follows the other records.
         return EXIT_OK
-    if decision.action in (engine.Action.DISABLED, engine.Action.EXCLUDED):
+    if action in (engine.Action.DISABLED, engine.Action.EXCLUDED):
         # The operator's choice, made before any verdict is acted on (the process
         # stands aside silently whatever the code): not an error to fix.
         bugs = (Verdict.AFFECTED, Verdict.UNKNOWN, Verdict.UNREPAIRABLE)
-        return EXIT_UNPROTECTED if assessment.verdict in bugs else EXIT_OK
-    if decision.action in engine.REFUSALS:
+        return EXIT_UNPROTECTED if verdict in bugs else EXIT_OK
+    if action in engine.REFUSALS:
         return EXIT_ERROR  # the import hook will refuse: an error to fix, not a choice made
-    if assessment.verdict is Verdict.AFFECTED and not patched or assessment.verdict is Verdict.UNREPAIRABLE:
+    if verdict is Verdict.AFFECTED and not patched or verdict is Verdict.UNREPAIRABLE:
         return EXIT_UNPROTECTED
     return EXIT_OK
 
@@ -183,7 +186,7 @@ def of_environment(hotfix):
         }
     )
     report["sglang_installed"] = detect.distribution_installed(hotfix)
-    code = exit_status(assessment, decision, patched)
+    code = exit_status(assessment.verdict, decision.action, patched)
     if not report["sglang_installed"]:
         # The plugin in a Python without SGLang (another interpreter's pip): nothing here is
         # protected, and saying NOTHING TO DO would pass a Dockerfile's `&& status` check.
@@ -507,32 +510,16 @@ def _record_exit_status(verdict, decision, patched):
     """``exit_status`` for what a process recorded: "removed" (remove() ran there) counts as the
     operator's choice, as a record turned off."""
     action = engine.Action.DISABLED if decision == "removed" else engine.Action(decision)
-    return exit_status(_Verdicted(Verdict(verdict)), _Decided(action), patched)
-
-
-class _Verdicted:
-    def __init__(self, verdict):
-        self.verdict = verdict
-
-
-class _Decided:
-    def __init__(self, action):
-        self.action = action
+    return exit_status(Verdict(verdict), action, patched)
 
 
 def _installed_needs():
     """The records whose bug the SGLang installed here has (affected, unrepairable, unknown): what a
     process of this environment that runs without the hotfix runs unpatched."""
     with detect.shared_parses():
-        assessed = [(h, detect.assess_installed(h)) for h in _catalog().HOTFIXES]
+        assessed = [(h, detect.assess_installed(h)) for h in catalog.HOTFIXES]
     bugs = (Verdict.AFFECTED, Verdict.UNREPAIRABLE, Verdict.UNKNOWN)
     return [(h, a) for h, a in assessed if a.verdict in bugs], assessed
-
-
-def _catalog():
-    from .records import catalog
-
-    return catalog
 
 
 def of_process(pid):
@@ -546,7 +533,7 @@ def of_process(pid):
     facts = {"pid": pid, "command": command, "state_file": where if document is not None else None}
     if document is not None:
         reports, code = [], EXIT_OK
-        for hotfix in _catalog().HOTFIXES:
+        for hotfix in catalog.HOTFIXES:
             recorded = document["records"].get(hotfix.name)
             if recorded is None:  # a record that process's version of the plugin does not carry
                 reports.append(_not_recorded(hotfix, "not carried by the hotfix that process runs"))
@@ -619,7 +606,7 @@ def _without_state(pid, facts, looked):
         return headline, EXIT_OK, dict(facts, hotfixes=[], why=headline)
     needs, assessed = _installed_needs()
     facts["why"] = why
-    reports = [_not_recorded(h, why) for h in _catalog().HOTFIXES]
+    reports = [_not_recorded(h, why) for h in catalog.HOTFIXES]
     if not needs:
         return (
             "NOTHING TO DO: process %d: %s; the SGLang installed here needs none of its records" % (pid, why),
@@ -653,11 +640,12 @@ def of_processes():
     with a state file (this user's folder) and those whose command line names SGLang."""
     pids = sorted(set(process_state.recorded_pids()) | set(process_state.sglang_pids()))
     answers = []
-    for pid in pids:
-        try:
-            answers.append((pid,) + of_process(pid))
-        except PathProblem:  # gone meanwhile
-            continue
+    with detect.shared_parses():  # processes judged from outside read the installed SGLang: parse it once
+        for pid in pids:
+            try:
+                answers.append((pid,) + of_process(pid))
+            except PathProblem:  # gone meanwhile
+                continue
     if not answers:
         return "NOTHING TO DO: no SGLang process found on this host or container", EXIT_OK, answers
     worst = max(code for _, _, code, _ in answers)
