@@ -1,11 +1,13 @@
 """Record encoder_only_mask: ``ENCODER_ONLY`` layers prefilled with SGLang 0.5.22's ``causal``.
 
-Differential, on CPU (``fp8_cases``): each release the record repairs (0.5.11 to 0.5.13.post1),
+Differential, on CPU (``fp8_cases``): each release the record repairs (0.5.11 to 0.5.15.post1),
 its own ``forward_extend`` and ``forward_decode`` compiled from its file, FlashInfer's kernels
 recorded, against the oracle: the same release with 0.5.22's ``causal=layer.attn_type !=
 AttentionType.ENCODER_ONLY`` (taken from 0.5.22's call) added to its context-kernel call. Decoder
 and encoder-only layers, extend and target verify, both KV dtypes, XQA both ways, with and without
-pr28144 (which repairs the same call: the oracle then has both upstream changes). Every tensor the
+pr28144 where it repairs the same call (to 0.5.13.post1: the oracle then has both upstream
+changes). 0.5.14 on quantize the extend query with sgl-kernel's ``scaled_fp8_quant`` (a recorded
+stand-in here, as the kernels are) and write through the release's own ``KVWriteLoc``. Every tensor the
 kernel receives is compared in dtype, shape, strides, storage offset and values.
 
 The oracle passes ``causal=True`` for a decoder layer where the release passes nothing: FlashInfer's
@@ -29,26 +31,33 @@ import fp8_cases
 import release_selection
 from conftest import CACHE, clean_env, exclusive, status_json
 from sglang_hotfix_trtllm import detect, patch
-from sglang_hotfix_trtllm.records import encoder_only_mask, pr28144
+from sglang_hotfix_trtllm.records import encoder_only_mask, pr28144, pr31667
 
 HOTFIX = encoder_only_mask.HOTFIX
 TABLE = release_selection.table(HOTFIX)
 AFFECTED = sorted((r for r, row in TABLE.items() if row["verdict"] == "affected"), key=Version)
-RELEASES = release_selection.selected(AFFECTED, ("0.5.12", "0.5.13"))
+RELEASES = release_selection.selected(AFFECTED, ("0.5.12", "0.5.14", "0.5.15"))
 FIXED_IN = "0.5.22"
 CONTEXT = "prefill.trtllm_batch_context_with_kv_cache"
 
 
-def test_the_records_affected_releases_are_0_5_11_to_0_5_13_post1():
-    assert AFFECTED == ["0.5.11", "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1"]
+def test_the_records_affected_releases_are_0_5_11_to_0_5_15_post1():
+    assert AFFECTED == ["0.5.11", "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1"] + [
+        "0.5.14",
+        "0.5.15",
+        "0.5.15.post1",
+    ]
 
 
-def _cases(release):
+def _cases(release, every_layout=False):
     """Extend and target verify, plain scales (the scales are pr28144's: crossed with it below),
-    each as a decoder and as an encoder-only layer."""
+    each as a decoder and as an encoder-only layer; ``every_layout``: decode too, and strided
+    queries (pr31667's calls)."""
     chosen = {}
     for name, case in fp8_cases.cases(release).items():
-        if case.mode == "decode" or case.scales not in ("absent", "float") or case.layout != "packed":
+        if not every_layout and (case.mode == "decode" or case.layout != "packed"):
+            continue
+        if case.scales not in ("absent", "float"):
             continue
         for attn_type in ("DECODER", "ENCODER_ONLY"):
             chosen["%s-%s" % (name, attn_type)] = dataclasses.replace(case, name=name, attn_type=attn_type)
@@ -65,24 +74,28 @@ def _default_dropped(calls):
     return out
 
 
-def _oracle(release, scales):
+def _oracle(release, scales, packed_query=False):
     module = fp8_cases.upstream_module(
         release_selection.release_dir(release),
         release_selection.release_dir(fp8_cases.FIXED_RELEASE),
         scales=scales,
         encoder_only_dir=release_selection.release_dir(FIXED_IN),
+        packed_query_dir=release_selection.release_dir("0.5.16") if packed_query else None,
     )
-    return {name: _default_dropped(fp8_cases.kernel_calls(module, case)) for name, case in _cases(release).items()}
+    return {
+        name: _default_dropped(fp8_cases.kernel_calls(module, case))
+        for name, case in _cases(release, every_layout=packed_query).items()
+    }
 
 
-def _with_records(release, records):
+def _with_records(release, records, every_layout=False):
     module = fp8_cases.load_backend_module(release_selection.release_dir(release))
     try:
         for hotfix in records:
             assessment = detect.assess_module(hotfix, module)
             assert assessment.verdict.value == "affected", (hotfix.name, assessment.reason)
             patch.wrap(hotfix, module, assessment)
-        return {name: fp8_cases.kernel_calls(module, case) for name, case in _cases(release).items()}
+        return {name: fp8_cases.kernel_calls(module, case) for name, case in _cases(release, every_layout).items()}
     finally:
         patch.remove_all()
 
@@ -110,8 +123,16 @@ def test_patched_release_equals_the_oracle_on_every_case(release):
     assert all(dict(patched[n])[CONTEXT]["causal"] is False for n in encoder_only_extend)
 
 
+# pr28144 repairs the same kernel call up to 0.5.13.post1 (0.5.14 carries upstream's scales).
+WITH_PR28144 = [r for r in RELEASES if release_selection.table(pr28144.HOTFIX)[r]["verdict"] == "affected"]
+
+
+def test_the_composition_is_tested_where_both_records_repair():
+    assert WITH_PR28144 == [r for r in RELEASES if Version(r) < Version("0.5.14")]
+
+
 @pytest.mark.parametrize("order", ["pr28144 first", "encoder_only_mask first"])
-@pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize("release", WITH_PR28144)
 def test_with_pr28144_on_the_same_call_both_upstream_changes_arrive(release, order):
     """One kernel call, two records: the scales (pr28144) and the mask, applied in either order,
     equal the release with both upstream changes."""
@@ -162,3 +183,18 @@ def test_the_installed_flashinfer_decides_whether_the_repair_can_be_carried(flas
         )
         read = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
         assert read.stdout.split() == ["True", "False"], read.stderr
+
+
+# pr31667 wraps the same two methods on 0.5.11 to 0.5.15.post1 (the decode query on XQA).
+WITH_PR31667 = [r for r in RELEASES if release_selection.table(pr31667.HOTFIX)[r]["verdict"] == "affected"]
+
+
+@pytest.mark.parametrize("release", WITH_PR31667)
+def test_with_pr31667_both_upstream_changes_arrive_on_every_mode_and_layout(release):
+    """Decode and extend, packed and strided queries, decoder and encoder-only layers: the release
+    with pr31667 and this record equals the release with 0.5.16's packed query and 0.5.22's mask
+    (the scales as the release has them: pr28144 off, or fixed from 0.5.14)."""
+    patched = _with_records(release, (pr31667.HOTFIX, HOTFIX), every_layout=True)
+    oracle = _oracle(release, scales=False, packed_query=True)
+    assert len(oracle) > len(_cases(release))
+    assert {name for name in oracle if patched[name] != oracle[name]} == set()

@@ -15,26 +15,28 @@ layer.attn_type == AttentionType.ENCODER_ONLY else "causal")``. Who: BERT-family
 ``trtllm_mha`` by default on SM100 from 0.5.7 (any release with ``--attention-backend
 trtllm_mha``): each token attends only to those before it, so embeddings and scores are wrong.
 
-Repaired on SGLang 0.5.11 to 0.5.13.post1's code (``AFFECTED``), through FlashInfer's kernel call
+Repaired on SGLang 0.5.11 to 0.5.15.post1's code (``AFFECTED``), through FlashInfer's kernel call
 site (``trtllm_kernel_site``, shared with pr28144 and pr31667): a ``forward_extend`` call whose
 layer is ``ENCODER_ONLY`` is noted, and the context kernel called inside it gets ``causal=False``,
 what 0.5.22's argument is for that layer; every other argument is SGLang's own object, and every
 other call (a decoder layer: 0.5.22's ``causal=True`` is the kernel's default) runs SGLang's
 method alone. The decode kernel (target verify) gets nothing new, as in 0.5.22.
 
-FlashInfer must take the argument: the FlashInfer that 0.5.12 to 0.5.13.post1 pin does (0.6.11.post1,
-0.6.12), 0.5.11's (0.6.8.post1) does not (its launcher hard-codes the causal mask). So for the
+FlashInfer must take the argument: the FlashInfer that 0.5.12 to 0.5.15.post1 pin does (0.6.11.post1
+on), 0.5.11's (0.6.8.post1) does not (its launcher hard-codes the causal mask). So for the
 installed SGLang the verdict also reads the installed FlashInfer's ``prefill.py`` (``Hotfix.environment``):
 where its context kernel has no ``causal`` parameter the verdict is ``unrepairable``, naming it.
 
 Not repaired (``unrepairable``, the release that fixes it named): 0.5.1 to 0.5.10, whose pinned
-FlashInfer has no non-causal context kernel, and 0.5.14 to 0.5.21, where a repair is possible but
-this version carries none proven on their code (0.5.19 on would also need fmha_v2's argument).
+FlashInfer has no non-causal context kernel, and 0.5.16 to 0.5.21, where FlashInfer takes the
+argument but the kernel is called from ``_trtllm_context_attn``, a function nested in
+``forward_extend`` (twice per call under context parallelism), and from 0.5.19 on SM90/SM120 also
+through fmha_v2's ``mask_mode``: the shared site repairs a method's own kernel call only.
 
-Verdicts, from the live ``forward_extend``: ``affected`` for 0.5.11 to 0.5.13.post1's fingerprints
+Verdicts, from the live ``forward_extend``: ``affected`` for 0.5.11 to 0.5.15.post1's fingerprints
 with ``flashinfer`` bound once, nothing but ``forward_decode`` and ``forward_extend`` reaching a
 kernel, and every class method they call a known release's; ``unrepairable`` for the fingerprints
-of 0.5.1 to 0.5.10 and 0.5.14 to 0.5.21 (``UNREPAIRABLE``); ``fixed`` when every context-kernel
+of 0.5.1 to 0.5.10 and 0.5.16 to 0.5.21 (``UNREPAIRABLE``); ``fixed`` when every context-kernel
 call passes 0.5.22's ``causal`` and every fmha_v2 call its ``mask_mode`` (0.5.22 on); ``unknown``
 otherwise.
 """
@@ -64,17 +66,20 @@ UPSTREAM_ARGUMENTS = {
 
 _PINNED_CAUSAL_ONLY = (
     "with the FlashInfer this release pins (no causal argument; its launcher hard-codes the causal mask) no "
-    "argument gives upstream's attention, and this version repairs only SGLang 0.5.11 to 0.5.13.post1's code"
+    "argument gives upstream's attention, and this version repairs only SGLang 0.5.11 to 0.5.15.post1's code"
 )
 _NOT_BUILT = (
-    "a repair is possible here (the pinned FlashInfer takes 0.5.22's arguments), but this version carries none "
-    "proven on this release's code"
+    "the pinned FlashInfer takes 0.5.22's arguments, but this release calls the kernel from a function nested in "
+    "forward_extend (twice per call under context parallelism; from 0.5.19 also fmha_v2 with its mask_mode on "
+    "SM90/SM120), and this version's kernel-call site repairs only a method's own kernel call"
 )
 # forward_extend of the releases with the bug this version repairs (SGLang 0.5.11's pinned FlashInfer
 # lacks the argument: ``flashinfer_problem`` says so for the installed one).
 AFFECTED = {
     "ast1:52036f0a3a55c1e1": "0.5.11 to 0.5.12.post1",
     "ast1:a230c20003012edf": "0.5.13 to 0.5.13.post1",
+    "ast1:23f0c5516073f00a": "0.5.14 (FlashInfer 0.6.12; the query quantized by _maybe_quantize_q)",
+    "ast1:2b30e4d3df0ce7c1": "0.5.15 to 0.5.15.post1",
 }
 # The methods of the class forward_decode and forward_extend call, by the affected releases' fingerprints.
 HELPERS = {
@@ -89,8 +94,6 @@ UNREPAIRABLE = {
     "ast1:6d6c1481adb5e890": _PINNED_CAUSAL_ONLY,  # 0.5.6.post1 to 0.5.8.post1
     "ast1:abb1c23985dd016b": _PINNED_CAUSAL_ONLY,  # 0.5.9 (0.6.3)
     "ast1:0aed86372ee6cb44": _PINNED_CAUSAL_ONLY,  # 0.5.10 to 0.5.10.post1 (0.6.7.post2 / .post3)
-    "ast1:23f0c5516073f00a": _NOT_BUILT,  # 0.5.14 (0.6.12)
-    "ast1:2b30e4d3df0ce7c1": _NOT_BUILT,  # 0.5.15 to 0.5.15.post1
     "ast1:4ad5c50d4b93e383": _NOT_BUILT,  # 0.5.16 (0.6.14)
     "ast1:23f9337ee95778ca": _NOT_BUILT,  # 0.5.17 (0.6.15.post1)
     "ast1:b67ea40bc44f7dcd": _NOT_BUILT,  # 0.5.18 (0.6.17)

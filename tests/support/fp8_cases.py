@@ -262,18 +262,61 @@ class _Logger(logging.LoggerAdapter):
 _LOGS = weakref.WeakKeyDictionary()  # module -> its CallLog
 
 
+def scaled_fp8_recorder(log):
+    """SGLang's ``scaled_fp8_quant`` (0.5.14's ``_maybe_quantize_q``) runs sgl-kernel's CUDA
+    quantizer: its call is recorded, and it returns what a dynamic per-tensor quantization does
+    (scale = amax / FP8's largest value, the input divided by it, cast), on CPU."""
+
+    def scaled_fp8_quant(input, scale=None, **kwargs):
+        log.append(("scaled_fp8_quant", {"input": input, "scale": scale, **kwargs}))
+        if scale is None:
+            scale = (input.abs().max().float() / torch.finfo(FP8).max).clamp(min=1e-12).reshape(1)
+        return (input.float() / scale).clamp(torch.finfo(FP8).min, torch.finfo(FP8).max).to(FP8), scale
+
+    return scaled_fp8_quant
+
+
+# The release file each of these module globals comes from (when the backend imports it): the
+# release's own class, compiled from it.
+RELEASE_CLASSES = {"KVWriteLoc": "sglang/srt/mem_cache/memory_pool.py"}
+
+
+def release_class(release_dir, name):
+    """The release's own top-level class ``name`` (a dataclass of plain fields), compiled from
+    its file into a namespace holding what its annotations and decorator need."""
+    path = extra_file(release_dir, RELEASE_CLASSES[name])
+    (node,) = [n for n in _tree(path).body if isinstance(n, ast.ClassDef) and n.name == name]
+    namespace = {"torch": torch, "dataclass": dataclasses.dataclass, "Optional": typing.Optional}
+    exec(compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec"), namespace)
+    return namespace[name]
+
+
+def _imported_names(release_dir):
+    return {
+        alias.asname or alias.name
+        for node in _tree(release_dir / BACKEND).body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+
+
 def _add_globals(module, release_dir):
     log = CallLog()
     _LOGS[module] = log
     module.__dict__.update(
         flashinfer=flashinfer_recorder(log),
         fused_fp8_set_kv_buffer=fused_fp8_recorder(log),
+        scaled_fp8_quant=scaled_fp8_recorder(log),
         envs=_Envs(),
         logger=_Logger(),
         AttentionType=AttentionType,
     )
     if "canonicalize_stride" in ast.unparse(_backend_class(release_dir / BACKEND)):
         module.canonicalize_stride = release_canonicalize_stride(release_dir)
+    imported = _imported_names(release_dir)
+    for name in RELEASE_CLASSES:
+        if name in imported:
+            module.__dict__[name] = release_class(release_dir, name)
     return module
 
 
@@ -787,6 +830,10 @@ def plain(value, storages=None):
         return tuple(plain(v, storages) for v in value)
     if isinstance(value, dict):
         return {k: plain(v, storages) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # KVWriteLoc: its fields
+        return (type(value).__name__,) + tuple(
+            (field.name, plain(getattr(value, field.name), storages)) for field in dataclasses.fields(value)
+        )
     if isinstance(value, types.SimpleNamespace):  # the layer, as set_kv_buffer receives it
         return ("layer", value.layer_id)
     if isinstance(value, torch.dtype):  # out_dtype
