@@ -79,25 +79,24 @@ class Applied:
 class Joined:
     """The records whose parts share one wrapper: one record alone, or the records of one
     ``Hotfix.site`` on one method (pr28144, pr31667 and pr17732 on ``forward_decode``). Calling it answers
-    wrapt's ``enabled`` question (any record on); ``active`` holds the names of the records on,
-    in catalog order: a site's wrapper applies their repairs in that order (upstream's order of
-    statements, decided once, as livepatch's cumulative patches and pluggy's ordered hook list do)."""
+    wrapt's ``enabled`` question (any record on); ``active`` holds the names of the records on, in
+    the order they were applied (livepatch's stack: the engine applies in the catalog's order, so
+    this module needs to know no record), and ``hotfixes`` each one's ``Hotfix`` by name (what a
+    site's wrapper hands back to ``arm_gates``)."""
 
-    __slots__ = ("entries", "active", "__weakref__")
+    __slots__ = ("entries", "active", "hotfixes", "__weakref__")
 
     def __init__(self):
-        self.entries, self.active = [], ()
+        self.entries, self.active, self.hotfixes = [], (), {}
 
     def add(self, entry):
         self.entries.append(entry)
         self.refresh()
 
     def refresh(self):
-        from .records import catalog  # imported by the engine before anything is wrapped
-
-        order = {hotfix.name: index for index, hotfix in enumerate(catalog.HOTFIXES)}
-        on = [entry.hotfix.name for entry in self.entries if entry._enabled]
-        self.active = tuple(sorted(on, key=lambda name: order.get(name, len(order))))
+        on = [entry.hotfix for entry in self.entries if entry._enabled]
+        self.hotfixes = {hotfix.name: hotfix for hotfix in on}
+        self.active = tuple(self.hotfixes)
 
     def entry_of(self, hotfix):
         return next((entry for entry in self.entries if entry.hotfix.name == hotfix.name), None)

@@ -1,40 +1,69 @@
 """Issue 36 (trust, round 3), items 2 and 3: what one call of the kernel-call site's methods may do
 to another, and what ``remove()`` with a call in flight says.
 
-The site notes a call that needs a repair for its duration; the gate then repairs the first kernel
-call made under that note. Foreign code running inside the method before its kernel call (a
-KV-pool hook, an accuracy checker) may call another layer's ``forward_decode``: that inner call
-must get its own arguments (SGLang's, where it needs no repair), and the outer call its repair.
-SGLang 0.5.12's own module (``fp8_cases``), pr31667 applied, XQA, a strided query (needs the
-repair) around a packed one (needs none).
+The site repairs a call in one of two ways: on the method's own query before SGLang's method runs
+(pr31667's packed query), or at the kernel call, through the gate, for a call noted while it runs
+(pr28144's scales). Foreign code running inside the method before its kernel call (a KV-pool hook,
+an accuracy checker) may call another layer's ``forward_decode``, or the kernel itself: that call
+must get its own arguments, and the outer call its repair. SGLang 0.5.12's own module
+(``fp8_cases``), XQA, each record with a call that needs its repair and one that needs none:
+
+* pr31667: a strided query (BF16 cache) needs it, a packed one needs none;
+* pr28144: an FP8 cache with K/V scales 0.5 and 4 needs it (the kernel gets bmm2_scale 4.0, the
+  release 1.0), a BF16 cache without scales needs none.
 """
 
+import dataclasses
 import logging
 import random
 import threading
+import typing
 
+import pytest
 import torch
 
 import fp8_cases
 import release_selection
 from sglang_hotfix_trtllm import detect, logs, patch
-from sglang_hotfix_trtllm.records import pr31667
+from sglang_hotfix_trtllm.records import pr28144, pr31667
 
-HOTFIX = pr31667.HOTFIX
 RELEASE = "0.5.12"
 
 
-def _case(layout):
+@dataclasses.dataclass(frozen=True)
+class Record:
+    hotfix: typing.Any
+    needs: dict  # the case fields of a call that needs the repair
+    none: dict  # ... of one that needs none
+    repaired: typing.Callable  # kernel kwargs -> True where the record's repair is in them
+
+
+RECORDS = {
+    "pr31667": Record(
+        pr31667.HOTFIX,
+        needs=dict(kv="bf16", scales="absent", layout="strided"),
+        none=dict(kv="bf16", scales="absent", layout="packed"),
+        repaired=lambda kwargs: kwargs["query"].is_contiguous(),
+    ),
+    "pr28144": Record(
+        pr28144.HOTFIX,
+        needs=dict(kv="fp8", scales="float", layout="strided"),
+        none=dict(kv="bf16", scales="absent", layout="strided"),
+        repaired=lambda kwargs: kwargs["bmm2_scale"] == 4.0,
+    ),
+}
+GATED = RECORDS["pr28144"]  # the record whose repair goes through the gate
+
+
+def _case(fields):
     cases = fp8_cases.cases(RELEASE)
     return next(
         c
         for c in cases.values()
         if c.mode == "decode"
-        and c.kv == "bf16"
-        and c.scales == "absent"
         and c.xqa
         and not c.save_kv_cache
-        and c.layout == layout
+        and all(getattr(c, name) == value for name, value in fields.items())
     )
 
 
@@ -50,35 +79,44 @@ def _call(module, case, seed, pool_hook=None):
     return lambda: backend.forward_decode(q, k, v, layer, batch, save_kv_cache=False, sinks=None), q
 
 
+def _kernel_calls(module):
+    """The keyword arguments of each decode kernel call, in order."""
+    return [arguments for name, arguments in fp8_cases._LOGS[module] if name.startswith("decode.")]
+
+
 def _queries(module):
-    """The query each kernel call received, in order."""
-    return [arguments["query"] for name, arguments in fp8_cases._LOGS[module] if name.startswith("decode.")]
+    return [arguments["query"] for arguments in _kernel_calls(module)]
 
 
-def test_a_nested_call_needing_no_repair_gets_its_own_arguments_and_the_outer_call_its_repair():
+@pytest.mark.parametrize("name", sorted(RECORDS))
+def test_a_nested_call_needing_no_repair_gets_its_own_arguments_and_the_outer_call_its_repair(name):
+    record = RECORDS[name]
     module = fp8_cases.load_backend_module(release_selection.release_dir(RELEASE))
-    inner, inner_q = _call(module, _case("packed"), 1)
-    outer, outer_q = _call(module, _case("strided"), 2, pool_hook=inner)
-    patch.wrap(HOTFIX, module, detect.assess_module(HOTFIX, module))
+    inner, inner_q = _call(module, _case(record.none), 1)
+    outer, outer_q = _call(module, _case(record.needs), 2, pool_hook=inner)
+    patch.wrap(record.hotfix, module, detect.assess_module(record.hotfix, module))
     try:
         del fp8_cases._LOGS[module][:]
         outer()
     finally:
         patch.remove_all()
-    inner_seen, outer_seen = _queries(module)
-    # The inner call: SGLang's own query (its reshape of a packed q), not the outer call's.
-    assert inner_seen.data_ptr() == inner_q.data_ptr() and torch.equal(inner_seen.flatten(1), inner_q)
-    # The outer call: 0.5.16's packed query, its own values.
-    assert outer_seen.is_contiguous()
-    assert torch.equal(outer_seen.flatten(1), outer_q)
+    inner_seen, outer_seen = _kernel_calls(module)
+    # The inner call: SGLang's own query (its reshape of its q), not the outer call's, unrepaired.
+    assert inner_seen["query"].data_ptr() == inner_q.data_ptr() and torch.equal(inner_seen["query"].flatten(1), inner_q)
+    assert inner_seen["bmm2_scale"] == 1.0
+    # The outer call: the repair, its own values.
+    assert record.repaired(outer_seen)
+    assert torch.equal(outer_seen["query"].flatten(1), outer_q)
 
 
-def test_remove_with_a_call_in_flight_says_nothing_of_a_failure(caplog):
-    """remove() while a noted call runs: that call finishes as with the record off, and no WARNING
-    says the kernel call missed the gate (the operator removed the hotfix on purpose)."""
+@pytest.mark.parametrize("name", sorted(RECORDS))
+def test_remove_with_a_call_in_flight_says_nothing_of_a_failure(caplog, name):
+    """remove() while a call that needs a repair runs: no WARNING says the kernel call missed the
+    gate (the operator removed the hotfix on purpose; a noted call finishes as with the record off)."""
+    record = RECORDS[name]
     module = fp8_cases.load_backend_module(release_selection.release_dir(RELEASE))
-    outer, _ = _call(module, _case("strided"), 3, pool_hook=lambda: patch.remove_all())
-    patch.wrap(HOTFIX, module, detect.assess_module(HOTFIX, module))
+    outer, _ = _call(module, _case(record.needs), 3, pool_hook=lambda: patch.remove_all())
+    patch.wrap(record.hotfix, module, detect.assess_module(record.hotfix, module))
     try:
         with caplog.at_level(logging.DEBUG, logger="sglang_hotfix_trtllm"):
             outer()
@@ -106,8 +144,8 @@ def test_the_kernel_as_the_gated_module_hands_it_out_says_what_the_kernel_says_o
 
     trtllm_batch_decode_with_kv_cache.__module__ = "flashinfer.decode"
     module.flashinfer.decode.trtllm_batch_decode_with_kv_cache = trtllm_batch_decode_with_kv_cache
-    call, _ = _call(module, _case("strided"), 4)
-    patch.wrap(HOTFIX, module, detect.assess_module(HOTFIX, module))
+    call, _ = _call(module, _case(GATED.needs), 4)
+    patch.wrap(GATED.hotfix, module, detect.assess_module(GATED.hotfix, module))
     try:
         call()  # needs the repair: arms the gate
         handed_out = module.flashinfer.decode.trtllm_batch_decode_with_kv_cache
@@ -122,13 +160,14 @@ def test_the_kernel_as_the_gated_module_hands_it_out_says_what_the_kernel_says_o
         patch.remove_all()
 
 
-def _strided_call_through(module, seed):
-    """A call that needs pr31667's repair, on an instance of whatever the module binds as the class
-    now (``fp8_cases`` builds the backend from ``module.TRTLLMHAAttnBackend``); the query the kernel got."""
-    call, _ = _call(module, _case("strided"), seed)
+def _needing_call_through(module, record, seed):
+    """A call that needs ``record``'s repair, on an instance of whatever the module binds as the
+    class now (``fp8_cases`` builds the backend from ``module.TRTLLMHAAttnBackend``): True where
+    its kernel got the repair."""
+    call, _ = _call(module, _case(record.needs), seed)
     del fp8_cases._LOGS[module][:]
     call()
-    return _queries(module)[-1]
+    return record.repaired(_kernel_calls(module)[-1])
 
 
 def _replace_with_a_subclass(module):
@@ -139,31 +178,35 @@ def _replace_with_a_subclass(module):
     return base, subclass
 
 
-def test_a_subclass_put_in_the_class_place_after_apply_gets_the_repair_and_survives_remove_and_apply(caplog):
+@pytest.mark.parametrize("name", sorted(RECORDS))
+def test_a_subclass_put_in_the_class_place_after_apply_gets_the_repair_and_survives_remove_and_apply(caplog, name):
     """Item 1: the subclass inherited the wrapped forward_decode, yet the gate "could not be put"
     (it looked for the record's wrappers on the class the module now binds), every call ran
     unrepaired, and remove() then apply() failed with KeyError: 'forward_decode'."""
+    record = RECORDS[name]
     module = fp8_cases.load_backend_module(release_selection.release_dir(RELEASE))
-    patch.wrap(HOTFIX, module, detect.assess_module(HOTFIX, module))
+    patch.wrap(record.hotfix, module, detect.assess_module(record.hotfix, module))
     try:
         base, subclass = _replace_with_a_subclass(module)
         with caplog.at_level(logging.WARNING, logger="sglang_hotfix_trtllm"):
-            assert _strided_call_through(module, 6).is_contiguous()  # 0.5.16's packed query
+            assert _needing_call_through(module, record, 6)
         assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
-        assert patch.remove_all() == 1 and not _strided_call_through(module, 7).is_contiguous()
-        assert patch.wrap(HOTFIX, module, detect.assess_module(HOTFIX, module)) == "wrapped"
-        assert _strided_call_through(module, 8).is_contiguous()
+        assert patch.remove_all() >= 1 and not _needing_call_through(module, record, 7)
+        assert patch.wrap(record.hotfix, module, detect.assess_module(record.hotfix, module)) == "wrapped"
+        assert _needing_call_through(module, record, 8)
         assert "forward_decode" not in subclass.__dict__  # the record wraps the class SGLang defines
     finally:
         patch.remove_all()
 
 
-def test_a_subclass_put_in_the_class_place_before_apply_gets_the_repair():
+@pytest.mark.parametrize("name", sorted(RECORDS))
+def test_a_subclass_put_in_the_class_place_before_apply_gets_the_repair(name):
+    record = RECORDS[name]
     module = fp8_cases.load_backend_module(release_selection.release_dir(RELEASE))
     _replace_with_a_subclass(module)
     try:
-        assert patch.wrap(HOTFIX, module, detect.assess_module(HOTFIX, module)) == "wrapped"
-        assert _strided_call_through(module, 9).is_contiguous()
+        assert patch.wrap(record.hotfix, module, detect.assess_module(record.hotfix, module)) == "wrapped"
+        assert _needing_call_through(module, record, 9)
     finally:
         patch.remove_all()
 
@@ -172,7 +215,7 @@ def test_a_class_that_does_not_derive_from_sglangs_in_its_place_is_refused_by_na
     module = fp8_cases.load_backend_module(release_selection.release_dir(RELEASE))
     module.TRTLLMHAAttnBackend = type("Unrelated", (), {})
     try:
-        patch.wrap(HOTFIX, module, detect.assess_module(HOTFIX, module))
+        patch.wrap(GATED.hotfix, module, detect.assess_module(GATED.hotfix, module))
     except patch.NotWrappable as error:
         assert "does not derive from the class the module's source defines" in str(error)
     else:
@@ -184,25 +227,25 @@ def test_a_class_that_does_not_derive_from_sglangs_in_its_place_is_refused_by_na
 # --------------------------------------------------------------------------
 # Property (issue 36): no sequence of nested, concurrent, removed and re-applied calls lets one
 # call's repair reach another call's kernel, or leaves a call unrepaired without a WARNING naming
-# the record.
+# the record. Run for each record: pr31667 (repaired before SGLang's method) and pr28144 (through
+# the gate).
 #
 # A program is a tree of calls of SGLang 0.5.12's own forward_decode (XQA, each call its own
-# backend, layer, seed and query: a strided one, which needs pr31667's repair, or a packed one,
-# which needs none). What runs inside a call, between the method's start and its kernel call (in
-# the KV pool's get_kv_buffer, where a pool hook or an accuracy checker runs), is a list of steps:
-# another call, the same in a new thread (joined before the outer call goes on, or left running
-# beside it until the outer kernel call is made), a call of the kernel itself through the module's
-# ``flashinfer`` with a query of its own (a checker calling FlashInfer directly), remove() or
-# apply(). Programs are drawn from fixed seeds; each is checked against a model that knows only
-# when the record was applied:
+# backend, layer, seed and query: one that needs the record's repair, or one that needs none). What
+# runs inside a call, between the method's start and its kernel call (in the KV pool's
+# get_kv_buffer, where a pool hook or an accuracy checker runs), is a list of steps: another call,
+# the same in a new thread (joined before the outer call goes on, or left running beside it until
+# the outer kernel call is made), a call of the kernel itself through the module's ``flashinfer``
+# with a query and scales of its own (a checker calling FlashInfer directly), remove() or apply().
+# Programs are drawn from fixed seeds; each is checked against a model that knows only when the
+# record was applied:
 #
 # * every call's kernel is called once, with that call's own query values (no other call's);
-# * a packed call's kernel gets SGLang's own query object, repaired or not; a direct kernel call
-#   gets the very query it passed;
-# * a strided call during which the record stayed applied from its start to its return gets
-#   upstream's packed query (0.5.16's ``.contiguous()``); one during which it stayed removed gets
-#   SGLang's own; one during which remove() or apply() ran, in any thread, may get either (the
-#   operator changed it mid-call);
+# * a call needing no repair gets SGLang's own query object and no repair; a direct kernel call
+#   gets the very arguments it passed;
+# * a call needing the repair during which the record stayed applied from its start to its return
+#   gets upstream's arguments; one during which it stayed removed gets SGLang's own; one during
+#   which remove() or apply() ran, in any thread, may get either (the operator changed it mid-call);
 # * any WARNING names the record; a call left unrepaired while the record was applied throughout
 #   is a failure whatever was logged.
 
@@ -216,22 +259,23 @@ def _draw_call(rng, depth):
         for _ in range(rng.choice((0, 0, 1, 2, 3))):
             kind = rng.choice(STEP_KINDS)
             steps.append((kind, _draw_call(rng, depth + 1)) if kind in ("call", "thread", "beside") else (kind, None))
-    return {"layout": rng.choice(("strided", "packed")), "steps": steps}
+    return {"kind": rng.choice(("needs", "none")), "steps": steps}
 
 
 class _Run:
     """One program's execution: the record's state (applied or not, and how many times it changed),
     and what each call saw."""
 
-    def __init__(self, module):
-        self.module, self.applied, self.changes, self.calls = module, False, 0, []
+    def __init__(self, module, record):
+        self.module, self.record, self.applied, self.changes, self.calls = module, record, False, 0, []
         self.lock = threading.Lock()
         self.seed = 100
 
     def apply(self):
         with self.lock:
             if not self.applied:
-                assert patch.wrap(HOTFIX, self.module, detect.assess_module(HOTFIX, self.module)) == "wrapped"
+                hotfix = self.record.hotfix
+                assert patch.wrap(hotfix, self.module, detect.assess_module(hotfix, self.module)) == "wrapped"
                 self.applied, self.changes = True, self.changes + 1
 
     def remove(self):
@@ -244,7 +288,7 @@ class _Run:
         with self.lock:
             self.seed += 1
             seed = self.seed
-        seen = {"layout": node["layout"], "errors": []}
+        seen = {"kind": node["kind"], "errors": []}
         beside = []
 
         def hook():
@@ -260,7 +304,8 @@ class _Run:
                 else:
                     getattr(self, kind)()
 
-        run, q = _call(self.module, _case(node["layout"]), seed, pool_hook=hook)
+        fields = self.record.needs if node["kind"] == "needs" else self.record.none
+        run, q = _call(self.module, _case(fields), seed, pool_hook=hook)
         seen["q"], seen["state_at_start"] = q, (self.applied, self.changes)
         with self.lock:
             self.calls.append(seen)
@@ -271,19 +316,20 @@ class _Run:
 
     def direct(self):
         """The kernel called by foreign code with a strided query of its own, of the shape SGLang's
-        query has: a repair that leaked into it would replace it."""
+        query has, and unit scales: a repair that leaked into it would replace one of them."""
         with self.lock:
             self.seed += 1
             seed = self.seed
-        case = _case("strided")
+        case = _case(self.record.needs)
         layer = fp8_cases._layer(case)
         q, _, _ = fp8_cases.inputs(case, torch.Generator().manual_seed(seed))
         query = q.reshape(-1, layer.tp_q_head_num, layer.head_dim)
         assert not query.is_contiguous()
-        seen = {"layout": "direct", "errors": [], "q": query, "state_at_start": None}
+        passed = dict(query=query, bmm1_scale=1.0, bmm2_scale=1.0)
+        seen = {"kind": "direct", "errors": [], "q": query, "passed": passed, "state_at_start": None}
         with self.lock:
             self.calls.append(seen)
-        self.module.flashinfer.decode.trtllm_batch_decode_with_kv_cache(query=query, bmm1_scale=1.0, bmm2_scale=1.0)
+        self.module.flashinfer.decode.trtllm_batch_decode_with_kv_cache(**passed)
 
     def _in_thread(self, child, seen):
         try:
@@ -292,45 +338,50 @@ class _Run:
             seen["errors"].append(repr(error))
 
 
-def _violations(run, kernel_queries, warnings):
+def _violations(run, kernel_calls, warnings):
     problems = []
     owners = []
-    for query in kernel_queries:
+    for kwargs in kernel_calls:
+        query = kwargs["query"]
         matches = [i for i, c in enumerate(run.calls) if torch.equal(query.flatten(1), c["q"].flatten(1))]
         owners.append(matches)
         if len(matches) != 1:
             problems.append("a kernel call's query is no single call's own (%d matches)" % len(matches))
     for index, seen in enumerate(run.calls):
-        got = [kernel_queries[k] for k, owner in enumerate(owners) if owner == [index]]
+        got = [kernel_calls[k] for k, owner in enumerate(owners) if owner == [index]]
         problems += ["call %d: %s" % (index, e) for e in seen["errors"]]
         if len(got) != 1:
-            problems.append("call %d (%s): its kernel called %d times" % (index, seen["layout"], len(got)))
+            problems.append("call %d (%s): its kernel called %d times" % (index, seen["kind"], len(got)))
             continue
-        if seen["layout"] == "direct":
-            if got[0] is not seen["q"]:
-                problems.append("call %d (direct): the kernel did not get the query passed to it" % index)
+        kwargs = got[0]
+        if seen["kind"] == "direct":
+            if set(kwargs) != set(seen["passed"]) or any(kwargs[k] is not v for k, v in seen["passed"].items()):
+                problems.append("call %d (direct): the kernel did not get the arguments passed to it" % index)
             continue
-        query, changed = got[0], seen["state_at_start"][1] != seen["state_at_end"][1]
-        if seen["layout"] == "packed" and query.data_ptr() != seen["q"].data_ptr():
-            problems.append("call %d (packed): the kernel did not get SGLang's own query" % index)
-        if seen["layout"] == "strided" and not changed:
-            repaired = query.is_contiguous()
+        query, changed = kwargs["query"], seen["state_at_start"][1] != seen["state_at_end"][1]
+        own = query.data_ptr() == seen["q"].data_ptr()
+        if seen["kind"] == "none" and not (own and kwargs["bmm2_scale"] == 1.0):
+            problems.append("call %d (needs none): the kernel did not get SGLang's own arguments" % index)
+        if seen["kind"] == "needs" and not changed:
+            repaired = run.record.repaired(kwargs)
             if seen["state_at_start"][0] and not repaired:
-                problems.append("call %d (strided, record applied throughout): unrepaired" % index)
-            if not seen["state_at_start"][0] and query.data_ptr() != seen["q"].data_ptr():
-                problems.append("call %d (strided, record removed throughout): repaired" % index)
-    problems += ["a WARNING that names no record: %s" % w for w in warnings if HOTFIX.name not in w]
+                problems.append("call %d (needs the repair, record applied throughout): unrepaired" % index)
+            if not seen["state_at_start"][0] and (repaired or not own):
+                problems.append("call %d (needs the repair, record removed throughout): repaired" % index)
+    name = run.record.hotfix.name
+    problems += ["a WARNING that names no record: %s" % w for w in warnings if name not in w]
     return problems
 
 
-def test_no_sequence_of_nested_concurrent_removed_and_reapplied_calls_leaks_or_hides_a_repair(caplog):
+@pytest.mark.parametrize("name", sorted(RECORDS))
+def test_no_sequence_of_nested_concurrent_removed_and_reapplied_calls_leaks_or_hides_a_repair(caplog, name):
     module = fp8_cases.load_backend_module(release_selection.release_dir(RELEASE))
     failures = []
     kinds = set()
     for program in range(PROGRAMS):
         rng = random.Random(program)
         root = _draw_call(rng, 0)
-        run = _Run(module)
+        run = _Run(module, RECORDS[name])
         if rng.random() < 0.8:
             run.apply()
         logs._said.clear()  # the once-per-process warnings: each program says its own
@@ -344,7 +395,7 @@ def test_no_sequence_of_nested_concurrent_removed_and_reapplied_calls_leaks_or_h
         finally:
             patch.remove_all()
         warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-        problems = _violations(run, _queries(module), warnings)
+        problems = _violations(run, _kernel_calls(module), warnings)
         failures += ["program %d: %s (%s)" % (program, p, root) for p in problems]
         kinds.update(kind for kind, _ in _all_steps(root))
     assert kinds == set(STEP_KINDS)  # every kind of step was drawn

@@ -111,13 +111,15 @@ def needs_repair(backend, layer, q, wrapped):
 
 def scalar_scale(layer, float_attr, scale_attr):
     """0.5.15's ``_get_scalar_scale``: the layer's scale as a positive Python float, else 1.0."""
-    import torch
-
     scale = getattr(layer, float_attr, None)
     if scale is None:
         scale = getattr(layer, scale_attr, None)
     if scale is None:
         return 1.0
+    if scale.__class__ is float:  # a checkpoint's scale, as SGLang's loader sets it: no import
+        return scale if scale > 0.0 else 1.0
+    import torch
+
     if isinstance(scale, torch.Tensor):
         logs.say(
             logging.WARNING,

@@ -17,12 +17,14 @@ wrong query. Upstream's fix, in 0.5.16::
     else:
         q = q.reshape(-1, layer.tp_q_head_num, layer.head_dim)
 
-The repair, through FlashInfer's kernel call site (``trtllm_kernel_site``, shared with pr28144):
-on XQA, the kernel's query is the method's own ``q`` (on XQA no release casts it first; 0.5.14's
-``_maybe_quantize_q`` returns it as it is) put through upstream's ``.contiguous().view(-1, H, D)``:
-upstream's operations on upstream's starting object, so dtype, shape, strides, storage offset and
-values are 0.5.16's. Off XQA nothing changes. A call whose query is already contiguous needs
-nothing (``reshape`` and ``.contiguous().view`` give the same view of it).
+The repair, at FlashInfer's kernel call site's wrapper (``trtllm_kernel_site``, shared with
+pr28144): on XQA, SGLang's ``forward_decode`` is called with its query packed (``q.contiguous()``);
+the release's own ``q.reshape(-1, H, D)`` of it is the view upstream's ``.contiguous().view(-1, H,
+D)`` makes, so the kernel gets 0.5.16's dtype, shape, strides, storage offset and values (on XQA no
+release casts the query first; 0.5.14's ``_maybe_quantize_q`` returns it as it is, and nothing
+else reads it). No gate, no note: the repair is one ``.contiguous()``, as upstream's. Off XQA
+nothing changes. A call whose query is already contiguous needs nothing (``reshape`` and
+``.contiguous().view`` give the same view of it).
 
 Verdicts, from the live ``forward_decode``: ``affected`` when it is, by fingerprint, the code of
 0.5.11 to 0.5.15.post1 (and the module binds ``flashinfer`` once, nothing else reaches a kernel,
@@ -61,21 +63,16 @@ def needs_repair(backend, layer, q, wrapped):
     return wrapped.__name__ == METHOD and bool(getattr(backend, "is_xqa_impl", False)) and not q.is_contiguous()
 
 
-def upstream_query(call, kwargs):
-    """The kernel's keyword arguments with 0.5.16's query: the method's ``q``, packed."""
-    if call.method != METHOD or not getattr(call.backend, "is_xqa_impl", False):
-        return kwargs
-    layer, current = call.layer, kwargs["query"]
-    query = call.q.contiguous().view(-1, layer.tp_q_head_num, layer.head_dim)
-    if query.shape != current.shape or query.dtype != current.dtype:  # not the query this call prepared
-        raise ValueError(
-            "the kernel's query is %s %s, upstream's %s %s"
-            % (current.dtype, tuple(current.shape), query.dtype, tuple(query.shape))
-        )
-    return dict(kwargs, query=query)
+def upstream_query(backend, layer, q):
+    """The query SGLang's method is called with: the method's ``q`` packed. On XQA no affected
+    release casts the decode query (0.5.14's ``_maybe_quantize_q`` returns it as it is) or reads it
+    before its ``q.reshape(-1, H, D)``, which of a packed tensor is the very view 0.5.16's
+    ``q.contiguous().view(-1, H, D)`` makes: the kernel gets 0.5.16's dtype, shape, strides,
+    storage offset and values, a tensor the call made, as upstream's is."""
+    return q.contiguous()
 
 
-site.register("pr31667", needs_repair, lambda call, kwargs: upstream_query(call, kwargs))
+site.register("pr31667", needs_repair, before=upstream_query)
 
 
 # --------------------------------------------------------------------------

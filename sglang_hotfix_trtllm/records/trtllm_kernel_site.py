@@ -8,7 +8,7 @@ One wrapper per method and one gate, owned here; records contribute a *repair* e
 nothing differs and never False where upstream's arguments differ, and ``repair(call, kwargs)``,
 which returns the kernel's keyword arguments as upstream's change passes them, SGLang's own
 objects wherever it leaves them. ``patch`` joins the records of this site on a method they
-share (``Hotfix.site``): the wrapper learns which are on from ``joined.active``, in catalog order
+share (``Hotfix.site``): the wrapper learns which are on from ``joined.active``, in the order applied
 (pr28144's scales, then pr31667's query, then pr17732's K/V views: each its own argument), so records compose as
 upstream's changes do, each with its own verdict, switch, line, status block and metric.
 
@@ -23,6 +23,7 @@ called with the repaired arguments, what it raises propagates, as upstream's cal
 
 import contextvars
 import sys
+import weakref
 
 from .. import logs
 
@@ -34,15 +35,25 @@ GATED_GLOBAL = "flashinfer"
 KERNELS = {"decode": "trtllm_batch_decode_with_kv_cache", "prefill": "trtllm_batch_context_with_kv_cache"}
 
 _NEEDS = {}  # record name -> needs(backend, layer, q, wrapped)
-_REPAIRS = {}  # record name -> repair(call, kwargs)
+_REPAIRS = {}  # record name -> repair(call, kwargs): at the kernel call, through the gate
+_BEFORE = {}  # record name -> before(backend, layer, q): the query SGLang's method is called with
 # (submodule, kernel) -> repair(kwargs): kernels another record repairs from their own arguments
 # alone, whatever method calls them (no noted call): fmha_v2's workspace (record xqa_workspace).
 _ARGUMENT_REPAIRS = {}
 
 
-def register(name, needs, repair):
-    """A record's part of the site (called when its module is imported)."""
-    _NEEDS[name], _REPAIRS[name] = needs, repair
+def register(name, needs, repair=None, before=None):
+    """A record's part of the site (called when its module is imported): ``repair(call, kwargs)``,
+    made at the kernel call through the gate (for values the method computes), or ``before(backend,
+    layer, q)``, the query SGLang's method is called with instead of its own (for a repair that
+    upstream's change makes on the method's own argument: no note, no gate, nothing at the kernel
+    call). ``before`` must give the kernel exactly upstream's tensor once SGLang's method has
+    prepared it; what it raises skips the repair for that call, with the record's warning."""
+    _NEEDS[name] = needs
+    if before is not None:
+        _BEFORE[name] = before
+    else:
+        _REPAIRS[name] = repair
 
 
 def register_argument_repair(submodule, kernel, repair):
@@ -56,12 +67,13 @@ def register_argument_repair(submodule, kernel, repair):
 class Call:
     """One wrapped call that needs a repair, as the gate needs it."""
 
-    __slots__ = ("function", "method", "backend", "q", "layer", "forward_batch", "needed", "used", "kernel")
+    __slots__ = ("function", "method", "backend", "q", "layer", "forward_batch", "needed", "hotfixes", "used", "kernel")
 
-    def __init__(self, function, backend, q, layer, forward_batch, needed):
+    def __init__(self, function, backend, q, layer, forward_batch, needed, hotfixes):
         self.function, self.method = function, function.__name__  # SGLang's method, as wrapt calls it
         self.backend, self.q, self.layer, self.forward_batch = backend, q, layer, forward_batch
-        self.needed = needed  # the records that repair this call, in catalog order
+        self.needed = needed  # the records that repair this call at the kernel, in the order applied
+        self.hotfixes = hotfixes  # their Hotfix objects (the gate is armed through them)
         self.used = False  # one kernel call per method call: a second one passes through
         self.kernel = None  # the name of the kernel being called, once the gate sees the call
 
@@ -80,34 +92,65 @@ def _target(method):
 
 def note_the_call(module, joined, wrapped, instance, args, kwargs):
     """wrapt wrapper of ``forward_decode`` and ``forward_extend`` for the records on
-    (``joined.active``). A call no record needs to repair runs SGLang's method and nothing else.
-    One that some need is noted for the gate until it returns. A call the method rejects raises
-    SGLang's own error (binding here fails quietly)."""
-    active = joined.active
-    alone = False
-    try:  # SGLang's positional call (RadixAttention -> forward): the tests only, no binding
-        if instance is not None and len(args) > 3:
-            layer, q = args[3], args[0]
-            for name in active:
-                if _NEEDS[name](instance, layer, q, wrapped):
-                    break
-            else:
-                alone = True
+    (``joined.active``). A call no record needs to repair runs SGLang's method and nothing else. A
+    repair made on the method's query (``before``) is made here, and SGLang's method called with
+    it; one the gate makes is noted for the gate until the method returns. A call the method
+    rejects raises SGLang's own error (binding here fails quietly). The common call, needing
+    nothing, costs the checks and one context-variable read: every SGLang decode layer runs it."""
+    needed = None
+    try:
+        if instance is not None and len(args) > 3:  # SGLang's positional call (RadixAttention -> forward)
+            backend, q, layer = instance, args[0], args[3]
+        else:
+            backend, q, layer, _ = (
+                _arguments(*args, **kwargs) if instance is None else _arguments(instance, *args, **kwargs)
+            )
+        for name in joined.active:
+            if _NEEDS[name](backend, layer, q, wrapped):
+                needed = (needed or ()) + (name,)
     except Exception:
-        alone = False  # asked again below, where a call the tests cannot read runs SGLang's own
-    if alone:
+        needed = None  # SGLang's method raises its own error, or runs as it would
+    if needed is None:
+        if _current_call.get() is None:
+            return wrapped(*args, **kwargs)
+        return _run_unnoted(wrapped, args, kwargs)
+    return _repaired_call(module, joined, wrapped, instance, args, kwargs, backend, layer, q, needed)
+
+
+def _repaired_call(module, joined, wrapped, instance, args, kwargs, backend, layer, q, needed):
+    """A call some records need to repair: the query repairs first (``before``: SGLang's method is
+    called with their query), then, if any record repairs at the kernel, the call noted for the gate."""
+    gated = ()
+    for name in needed:  # in order: a later record sees the query an earlier one gave the method
+        before = _BEFORE.get(name)
+        if before is None:
+            gated += (name,)
+            continue
+        try:
+            q = before(backend, layer, q)
+        except Exception as error:
+            logs.repair_skipped(_target(wrapped.__name__), name, error, kind="not-computed")
+            continue
+        args, kwargs = _with_query(instance, args, kwargs, q)
+    if not gated:
         return _run_unnoted(wrapped, args, kwargs)
     try:
         backend, q, layer, forward_batch = (
             _arguments(*args, **kwargs) if instance is None else _arguments(instance, *args, **kwargs)
         )
-        needed = tuple(name for name in active if _NEEDS[name](backend, layer, q, wrapped))
     except Exception:
-        return _run_unnoted(wrapped, args, kwargs)  # SGLang's method raises its own error, or runs as it would
-    if not needed:
         return _run_unnoted(wrapped, args, kwargs)
-    call = Call(wrapped, backend, q, layer, forward_batch, needed)
+    call = Call(wrapped, backend, q, layer, forward_batch, gated, [joined.hotfixes[name] for name in gated])
     return (_run_noted or _noted_runner())(module, wrapped, args, kwargs, call)
+
+
+def _with_query(instance, args, kwargs, q):
+    """The call's arguments with ``q`` as the method's query, where the call put it (the first
+    argument after ``self``, or the keyword)."""
+    at = 0 if instance is not None else 1  # wrapt passes an unbound call's self among the arguments
+    if len(args) > at:
+        return args[:at] + (q,) + args[at + 1 :], kwargs
+    return args, dict(kwargs, q=q)
 
 
 def _run_unnoted(wrapped, args, kwargs):
@@ -132,7 +175,7 @@ def _skipped(call, error, kind, records=None):
 def _run_noted_call(module, wrapped, args, kwargs, call):
     """SGLang's method with ``call`` noted for the gate until it returns (the gate put in the
     module first, if it is not there yet)."""
-    if not _gate_in_place(module, call.needed):
+    if not _gate_in_place(module, call.hotfixes):
         _skipped(call, LookupError(_no_gate_reason(module)), "no-gate")
         return wrapped(*args, **kwargs)
     gate = module.__dict__[GATED_GLOBAL]
@@ -178,16 +221,14 @@ def _gate_on(module):
     return type(current) is _gate_classes.get("flashinfer") and current._self_hotfix_on
 
 
-def _gate_in_place(module, needed):
+def _gate_in_place(module, hotfixes):
     """The gate is the module's ``flashinfer`` (put there now if it is not yet: the first call
-    that needs a repair arms it). False when it cannot be put there."""
+    that needs a repair arms it, through the records that need it). False when it cannot be put there."""
     if _gate_on(module):
         return True
     from .. import patch
-    from . import catalog
 
-    records = {hotfix.name: hotfix for hotfix in catalog.HOTFIXES}
-    return any(patch.arm_gates(records[name], module) for name in needed if name in records)
+    return any(patch.arm_gates(hotfix, module) for hotfix in hotfixes)
 
 
 def _no_gate_reason(module):
@@ -209,18 +250,32 @@ def _stand_in_for(stand_in, kernel):
     stand_in.__dict__["__wrapped__"] = kernel
 
 
+_codes = weakref.WeakKeyDictionary()  # what wrapt calls (a function) -> the code object below it
+
+
 def _method_code(function):
     """The code object of SGLang's method under ``function`` (the method wrapt calls, or a wrapper
     below the hotfix's that names it through ``__wrapped__``, as ``functools.wraps`` does); None
     where a wrapper below hides it (the gate then repairs the call's first kernel call, as it
-    did before it could tell who is calling)."""
+    did before it could tell who is calling). Found once per function: every repaired kernel
+    call asks."""
     function = getattr(function, "__func__", function)
+    try:
+        return _codes[function]
+    except (KeyError, TypeError):  # not seen yet, or not weakly referable (then found each time)
+        pass
+    found = function
     for _ in range(8):  # a chain of wrappers below, each naming the next
-        below = getattr(function, "__wrapped__", None)
+        below = getattr(found, "__wrapped__", None)
         if below is None:
             break
-        function = getattr(below, "__func__", below)
-    return getattr(function, "__code__", None)
+        found = getattr(below, "__func__", below)
+    code = getattr(found, "__code__", None)
+    try:
+        _codes[function] = code
+    except TypeError:
+        pass
+    return code
 
 
 class _GatedKernel:
@@ -249,7 +304,7 @@ class _GatedKernel:
             # without one is said (_run_noted_call).
             return self.kernel(*args, **kwargs)
         call.used, call.kernel = True, self.name
-        for name in call.needed:  # catalog order: upstream's order of statements
+        for name in call.needed:  # each its own argument: the order changes nothing the kernel gets
             try:
                 kwargs = _REPAIRS[name](call, kwargs)
             except Exception as error:
