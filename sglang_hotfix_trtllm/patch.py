@@ -148,7 +148,7 @@ def _is_ours(attribute, hotfix, method_name):
         return (
             isinstance(attribute, HotfixWrapper)
             and attribute._self_method_name == method_name
-            and attribute._self_enabled.entry_of(hotfix) is not None
+            and attribute._self_joined.entry_of(hotfix) is not None
         )
     except Exception:
         return False
@@ -352,7 +352,7 @@ def wrap(hotfix, module, assessment):
             if wrapper is not None:
                 continue
             if site_wrapper is not None:  # another record of the site wraps it: one wrapper, joined
-                entry = Applied(cls, hotfix, name, site_wrapper.__wrapped__, site_wrapper._self_enabled)
+                entry = Applied(cls, hotfix, name, site_wrapper.__wrapped__, site_wrapper._self_joined)
                 entry.wrapper = site_wrapper
                 _applied.append(entry)
                 fresh = True
@@ -361,7 +361,11 @@ def wrap(hotfix, module, assessment):
             entry = Applied(cls, hotfix, name, current, joined)
             # A site's wrapper is told which of its records are on (``joined.active``).
             bound = (module, joined) if hotfix.site is not None else (module,)
-            wrapper = HotfixWrapper(current, functools.partial(hotfix.wrapper, *bound), enabled=joined)
+            # wrapt asks ``enabled`` at each call; a site's wrapper reads ``joined.active`` itself (none
+            # on: SGLang's method alone), so it is spared that call (every decode layer makes one).
+            enabled = joined if hotfix.site is None else None
+            wrapper = HotfixWrapper(current, functools.partial(hotfix.wrapper, *bound), enabled=enabled)
+            wrapper._self_joined = joined
             wrapper._self_site = hotfix.site
             wrapper._self_method_name = name
             entry.wrapper = wrapper
@@ -380,7 +384,7 @@ def _resume(hotfix, ours):
     """Every method already holds our wrapper. True when some were off (apply() after a
     remove() that turned them off in place, or after someone put ours back: a
     mock.patch.object undone): now in force again, and recorded again."""
-    entries = [wrapper._self_enabled.entry_of(hotfix) for wrapper in ours]  # this record's parts
+    entries = [wrapper._self_joined.entry_of(hotfix) for wrapper in ours]  # this record's parts
     if all(entry.enabled and entry in _applied for entry in entries):
         return False
     for entry in entries:
@@ -528,7 +532,7 @@ def is_patched(hotfix, cls):
     with _lock:
         for name in hotfix.method_names:
             ours = _ours_in_chain(cls.__dict__.get(name), hotfix, name)
-            if ours is None or not ours._self_enabled.entry_of(hotfix).enabled:
+            if ours is None or not ours._self_joined.entry_of(hotfix).enabled:
                 return False
         if not hotfix.gates:
             return True

@@ -262,7 +262,7 @@ def test_the_records_share_one_wrapper_per_method(release):
         for method in pr17732.METHODS:
             wrapper = module.TRTLLMHAAttnBackend.__dict__[method]
             assert type(wrapper).__name__ == "HotfixWrapper" and type(wrapper.__wrapped__).__name__ == "function"
-            assert wrapper._self_enabled.active == ("pr28144", "pr17732")
+            assert wrapper._self_joined.active == ("pr28144", "pr17732")
     finally:
         assert patch.remove_all() == 2
     assert all(type(module.TRTLLMHAAttnBackend.__dict__[m]).__name__ == "function" for m in pr17732.METHODS)

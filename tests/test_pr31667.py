@@ -173,7 +173,7 @@ def test_the_records_share_one_wrapper_and_one_gate(release):
             patch.wrap(hotfix, module, detect.assess_module(hotfix, module))
         wrapper = module.TRTLLMHAAttnBackend.__dict__["forward_decode"]
         assert type(wrapper).__name__ == "HotfixWrapper" and type(wrapper.__wrapped__).__name__ == "function"
-        assert wrapper._self_enabled.active == tuple(h.name for h in records)
+        assert wrapper._self_joined.active == tuple(h.name for h in records)
         strided_xqa = next(
             c
             for c in _decode_cases(release).values()
@@ -211,7 +211,7 @@ def test_the_repairs_order_is_free_on_forward_decode(release, monkeypatch):
     try:
         for name in on:
             patch.wrap(RECORDS[name], module, detect.assess_module(RECORDS[name], module))
-        assert module.TRTLLMHAAttnBackend.__dict__["forward_decode"]._self_enabled.active == tuple(reversed(on))
+        assert module.TRTLLMHAAttnBackend.__dict__["forward_decode"]._self_joined.active == tuple(reversed(on))
         wrong = [n for n, c in _decode_cases(release).items() if fp8_cases.kernel_calls(module, c) != expected[n]]
     finally:
         patch.remove_all()

@@ -23,7 +23,6 @@ called with the repaired arguments, what it raises propagates, as upstream's cal
 
 import contextvars
 import sys
-import weakref
 
 from .. import logs
 
@@ -131,8 +130,13 @@ def _repaired_call(module, joined, wrapped, instance, args, kwargs, backend, lay
         except Exception as error:
             logs.repair_skipped(_target(wrapped.__name__), name, error, kind="not-computed")
             continue
-        args, kwargs = _with_query(instance, args, kwargs, q)
+        if instance is not None and args:  # SGLang's positional call: the query first
+            args = (q,) + args[1:]
+        else:
+            args, kwargs = _with_query(instance, args, kwargs, q)
     if not gated:
+        if _current_call.get() is None:
+            return wrapped(*args, **kwargs)
         return _run_unnoted(wrapped, args, kwargs)
     try:
         backend, q, layer, forward_batch = (
@@ -141,7 +145,7 @@ def _repaired_call(module, joined, wrapped, instance, args, kwargs, backend, lay
     except Exception:
         return _run_unnoted(wrapped, args, kwargs)
     call = Call(wrapped, backend, q, layer, forward_batch, gated, [joined.hotfixes[name] for name in gated])
-    return (_run_noted or _noted_runner())(module, wrapped, args, kwargs, call)
+    return _run_noted_here(module, wrapped, args, kwargs, call)
 
 
 def _with_query(instance, args, kwargs, q):
@@ -194,25 +198,49 @@ def _run_noted_call(module, wrapped, args, kwargs, call):
     return result
 
 
-_run_noted = None
+_run_noted = None  # _run_noted_call under torch.compiler.disable, made at the first compiled call
+_dynamo_callback = None  # torch's getter of TorchDynamo's frame callback, found at the first noted call
 
 
-def _noted_runner():
-    """``_run_noted_call``, run eagerly under ``torch.compile``: TorchDynamo cannot trace a context
+def _run_noted_here(module, wrapped, args, kwargs, call):
+    """``_run_noted_call``, run eagerly where TorchDynamo is compiling: it cannot trace a context
     variable's set and reset around a call (it baked the gate's branch in at trace time and the
-    kernel got the release's arguments), so a call that needs a repair runs as in eager mode.
-    (The method wrapper itself is a graph break for every call: ``patch``'s ``_TRACERS_CALL_IT``;
-    SGLang's method it calls is compiled as a frame of its own.)"""
-    global _run_noted
-    runner = _run_noted_call
-    try:
-        import torch
+    kernel got the release's arguments), so a call that needs a repair runs as in eager mode
+    there. (The method wrapper itself is a graph break for every call: ``patch``'s
+    ``_TRACERS_CALL_IT``; the frames it starts are TorchDynamo's to compile while its frame
+    callback is set.) Where no callback is set (eager mode: every call of a server without
+    ``--enable-torch-compile``, and CUDA-graph capture), the call runs directly: the disabling
+    wrapper costs each call microseconds."""
+    global _run_noted, _dynamo_callback
+    if _dynamo_callback is None:
+        _dynamo_callback = _find_dynamo_callback()
+    callback = _dynamo_callback()
+    if callback is None or callback is False:  # None: eager; False: run-only (nothing new compiled)
+        return _run_noted_call(module, wrapped, args, kwargs, call)
+    if _run_noted is None:
+        runner = _run_noted_call
+        try:
+            import torch
 
-        runner = torch.compiler.disable(_run_noted_call)
-    except Exception:  # a torch without torch.compiler: nothing compiles these calls there either
-        pass
-    _run_noted = runner
-    return runner
+            runner = torch.compiler.disable(_run_noted_call)
+        except Exception:  # a torch without torch.compiler: nothing compiles these calls there either
+            pass
+        _run_noted = runner
+    return _run_noted(module, wrapped, args, kwargs, call)
+
+
+def _find_dynamo_callback():
+    """``torch._C._dynamo.eval_frame.get_eval_frame_callback``; where this torch has none, a stand-in
+    that says TorchDynamo may be compiling (every noted call then runs under the disabling wrapper,
+    as before this check)."""
+    try:
+        import torch._C._dynamo.eval_frame as eval_frame
+
+        found = eval_frame.get_eval_frame_callback
+        found()
+        return found
+    except Exception:
+        return lambda: "unknown"
 
 
 def _gate_on(module):
@@ -250,7 +278,9 @@ def _stand_in_for(stand_in, kernel):
     stand_in.__dict__["__wrapped__"] = kernel
 
 
-_codes = weakref.WeakKeyDictionary()  # what wrapt calls (a function) -> the code object below it
+# what wrapt calls (SGLang's function, kept alive by the wrapper anyway) -> the code object below it:
+# a plain dict, read at every repaired kernel call
+_codes = {}
 
 
 def _method_code(function):
@@ -262,7 +292,7 @@ def _method_code(function):
     function = getattr(function, "__func__", function)
     try:
         return _codes[function]
-    except (KeyError, TypeError):  # not seen yet, or not weakly referable (then found each time)
+    except (KeyError, TypeError):  # not seen yet, or not hashable (then found each time)
         pass
     found = function
     for _ in range(8):  # a chain of wrappers below, each naming the next
