@@ -419,8 +419,31 @@ def _gate_class():
                 kept = self._self_submodule_gates[name] = FlashInferSubmoduleGate(submodule, name, self)
             return kept
 
+    # The names every repaired call reads (``flashinfer.decode.trtllm_batch_decode_with_kv_cache``)
+    # as properties: found on the class, they cost no failed lookup (a wrapt proxy's miss raises and
+    # clears an AttributeError before ``__getattr__`` runs), twice per kernel call.
+    for name in KERNELS:
+        setattr(FlashInferGate, name, _forwarded(name))
+    for name in set(KERNELS.values()) | {kernel for _, kernel in _ARGUMENT_REPAIRS}:
+        setattr(FlashInferSubmoduleGate, name, _forwarded(name))
     _gate_classes.update(flashinfer=FlashInferGate, submodule=FlashInferSubmoduleGate)
     return FlashInferGate
+
+
+def _forwarded(name):
+    """A property answering ``name`` as the class's ``__getattr__`` does, its writes and deletions
+    going to the gated object (as a wrapt proxy sends them: ``mock.patch`` through the gate)."""
+
+    def get(self):
+        return type(self).__getattr__(self, name)
+
+    def set_(self, value):
+        setattr(self.__wrapped__, name, value)
+
+    def delete(self):
+        delattr(self.__wrapped__, name)
+
+    return property(get, set_, delete)
 
 
 def make_gate(module, flashinfer):

@@ -190,16 +190,17 @@ def call_costs(backend_module, anchor, ForwardMode, hotfix, cls, rounds, calls):
     """What one ``forward_decode`` call costs this host's CPU, the kernel a stand-in returning a
     preallocated tensor (so the figure is Python's): SGLang's method, under a plain wrapt
     FunctionWrapper, under the hotfix's HotfixWrapper with a pass-through body, with the hotfix
-    applied, and the anchor's method; packed and strided queries (BF16 cache). Rounds
+    applied, and the anchor's method; the three cases of the step. Rounds
     interleaved, medians of per-round means, in microseconds."""
     import wrapt
 
     from sglang_hotfix_trtllm import patch
 
     size = dict(SIZES["dry"], batch=32)
-    case = build_case(
-        backend_module, ForwardMode, "bf16_no_scales", torch.device("cpu"), size, torch.Generator().manual_seed(5)
-    )
+    built = {
+        base: build_case(backend_module, ForwardMode, base, torch.device("cpu"), size, torch.Generator().manual_seed(5))
+        for base in ("bf16_no_scales", "fp8_scaled")
+    }
     out = torch.zeros(size["batch"], 32, 128, dtype=torch.bfloat16)
     stand_in = types.SimpleNamespace(
         decode=types.SimpleNamespace(trtllm_batch_decode_with_kv_cache=lambda **kwargs: out)
@@ -216,12 +217,13 @@ def call_costs(backend_module, anchor, ForwardMode, hotfix, cls, rounds, calls):
             original, functools.partial(_passthrough_joined, None, joined), enabled=joined
         ),
     }
-    anchor_backend = object.__new__(anchor.TRTLLMHAAttnBackend)
-    anchor_backend.__dict__.update(case.backend.__dict__)
-    layer = case.layers[0]
     results = {}
     try:
-        for layout in ("packed", "strided"):
+        for name, (base, layout) in CASES.items():
+            case = built[base]
+            anchor_backend = object.__new__(anchor.TRTLLMHAAttnBackend)
+            anchor_backend.__dict__.update(case.backend.__dict__)
+            layer = case.layers[0]
             q, k, v = case.inputs[0]
             if layout == "packed":
                 q = q.contiguous()
@@ -242,7 +244,7 @@ def call_costs(backend_module, anchor, ForwardMode, hotfix, cls, rounds, calls):
                     if arm in variants:
                         setattr(cls, "forward_decode", original)
             medians = {arm: statistics.median(v) for arm, v in times.items()}
-            results[layout] = {
+            results[name] = {
                 "per_call_us": {arm: round(m, 2) for arm, m in medians.items()},
                 "added_to_release_us": {arm: round(m - medians["release"], 2) for arm, m in medians.items()},
                 "hotfix_minus_anchor_us": round(medians["hotfix"] - medians["anchor"], 2),
