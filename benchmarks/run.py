@@ -51,6 +51,9 @@ import zipfile
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO / "tests" / "support"))
+sys.path.insert(0, str(REPO / "tools"))
+
+import plugin_wheel  # noqa: E402
 
 
 def clean_env(**extra):
@@ -90,42 +93,8 @@ def wall_starts(pythons, runs):
     return {p: statistics.median(t) for p, t in times.items()}
 
 
-def checkout_copy(folder):
-    """A copy of the checkout's files (tracked, and untracked but not ignored),
-    so that building a wheel writes its build/ and egg-info there, not into the
-    checkout; the checkout itself where git cannot list its files."""
-    listed = subprocess.run(
-        ["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"], capture_output=True
-    )
-    if listed.returncode != 0:
-        return REPO
-    folder = pathlib.Path(folder)
-    for name in filter(None, listed.stdout.decode().split("\0")):
-        source = REPO / name
-        if source.is_file():  # a file deleted in the work tree but still in the index is skipped
-            (folder / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, folder / name)
-    return folder
-
-
 def build_wheel(folder):
-    source = checkout_copy(pathlib.Path(folder) / "source")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "-w",
-            str(folder),
-            str(source),
-        ],
-        check=True,
-    )
-    return next(pathlib.Path(folder).glob("sglang_hotfix_trtllm-*.whl"))
+    return plugin_wheel.from_checkout(folder)
 
 
 def make_venv(folder, *install, installer="pip", base=None):

@@ -247,14 +247,9 @@ def exclusive(name):
 
 def build_wheel(source, out):
     """``source`` (a checkout) built as a wheel into ``out``, the way pip builds it for users; returns the wheel."""
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(source)],
-        check=True,
-        timeout=300,
-        cwd=str(out),
-    )
-    (path,) = pathlib.Path(out).glob("sglang_hotfix_trtllm-*.whl")
-    return path
+    import plugin_wheel  # tools/, on the path above
+
+    return plugin_wheel.build(source, out)
 
 
 @pytest.fixture(scope="session")

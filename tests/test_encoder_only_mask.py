@@ -35,7 +35,7 @@ from sglang_hotfix_trtllm.records import encoder_only_mask, pr28144, pr31667
 
 HOTFIX = encoder_only_mask.HOTFIX
 TABLE = release_selection.table(HOTFIX)
-AFFECTED = sorted((r for r, row in TABLE.items() if row["verdict"] == "affected"), key=Version)
+AFFECTED = release_selection.with_verdict(HOTFIX)
 RELEASES = release_selection.selected(AFFECTED, ("0.5.12", "0.5.14", "0.5.15"))
 FIXED_IN = "0.5.22"
 CONTEXT = "prefill.trtllm_batch_context_with_kv_cache"

@@ -30,7 +30,7 @@ from sglang_hotfix_trtllm.records import pr17732, pr28144
 HOTFIX = pr17732.HOTFIX
 TABLE = release_selection.table(HOTFIX)
 CANONICAL_RELEASE = "0.5.9"
-AFFECTED = sorted((r for r, row in TABLE.items() if row["verdict"] == "affected"), key=Version)
+AFFECTED = release_selection.with_verdict(HOTFIX)
 QUICK = ("0.5.1", "0.5.4.post2", "0.5.6", "0.5.8.post1")
 RELEASES = release_selection.selected(AFFECTED, QUICK)
 RECORDS = {"pr28144": pr28144.HOTFIX, "pr17732": HOTFIX}

@@ -27,7 +27,7 @@ from sglang_hotfix_trtllm.records import pr28144
 HOTFIX = pr28144.HOTFIX
 TABLE = release_selection.table(HOTFIX)
 # The releases the record patches, from its shipped table (see the first test).
-AFFECTED = sorted((r for r, row in TABLE.items() if row["verdict"] == "affected"), key=Version)
+AFFECTED = release_selection.with_verdict(HOTFIX)
 # One release per (forward_decode, forward_extend) variant pair.
 QUICK = ("0.5.1", "0.5.5", "0.5.6", "0.5.8", "0.5.9", "0.5.10", "0.5.12", "0.5.13")
 RELEASES = release_selection.selected(AFFECTED, QUICK)

@@ -27,7 +27,7 @@ from sglang_hotfix_trtllm.records import pr28144, pr31667
 HOTFIX = pr31667.HOTFIX
 TABLE = release_selection.table(HOTFIX)
 PACKED_QUERY_RELEASE = "0.5.16"
-AFFECTED = sorted((r for r, row in TABLE.items() if row["verdict"] == "affected"), key=Version)
+AFFECTED = release_selection.with_verdict(HOTFIX)
 QUICK = ("0.5.11", "0.5.13", "0.5.14", "0.5.15")
 RELEASES = release_selection.selected(AFFECTED, QUICK)
 RECORDS = {"pr28144": pr28144.HOTFIX, "pr31667": HOTFIX}

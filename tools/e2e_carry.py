@@ -27,7 +27,6 @@ with ``apt-get download``) in ``.e2e/lib`` for machines whose image lacks it.
 
 import argparse
 import pathlib
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ import zipfile
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import gpu_carry  # noqa: E402
+import plugin_wheel  # noqa: E402
 
 REPO = gpu_carry.REPO
 OUT = REPO / ".e2e"
@@ -122,14 +122,7 @@ def main():
             check=True,
             timeout=300,
         )
-    for old in OUT.glob("sglang_hotfix_trtllm-*.whl"):
-        old.unlink()
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(OUT), str(REPO)],
-        check=True,
-        timeout=300,
-    )
-    shutil.rmtree(REPO / "build", ignore_errors=True)
+    plugin_wheel.from_checkout(OUT)
     print("%s: %.1f MB" % (OUT, sum(p.stat().st_size for p in OUT.iterdir()) / 1e6))
 
 

@@ -15,6 +15,10 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import tempfile
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import plugin_wheel  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 WHEELS = REPO / ".whl"
@@ -106,14 +110,7 @@ def main():
     for spec in PACKAGES:
         download(spec, WHEELS)
     download("sglang==0.5.12", SGLANG_DIR, python_version="3.11")
-    for old in WHEELS.glob("sglang_hotfix_trtllm-*.whl"):
-        old.unlink()
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(WHEELS), str(REPO)],
-        check=True,
-        timeout=300,
-    )
-    shutil.rmtree(REPO / "build", ignore_errors=True)
+    plugin_wheel.from_checkout(WHEELS)
     total = sum(p.stat().st_size for p in list(WHEELS.iterdir()) + list(SGLANG_DIR.iterdir()))
     print("%d wheels, %.1f MB" % (len(list(WHEELS.iterdir())) + 1, total / 1e6))
 
@@ -163,30 +160,10 @@ PLUGIN_RELEASES = {"0.5.0": "17040a9"}  # folder name: commit
 
 def build_plugin_wheel(source, target):
     """``pip wheel`` of the plugin from a copy of ``source`` (a folder), so that no build/ is left here."""
-    import tempfile
-
-    target.mkdir(parents=True, exist_ok=True)
-    for old in target.glob("sglang_hotfix_trtllm-*.whl"):
-        old.unlink()
     with tempfile.TemporaryDirectory() as scratch:
         copy = pathlib.Path(scratch, "src")
         shutil.copytree(source, copy)
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "wheel",
-                "-q",
-                "--no-deps",
-                "--no-build-isolation",
-                "-w",
-                str(target),
-                str(copy),
-            ],
-            check=True,
-            timeout=300,
-        )
+        return plugin_wheel.build(copy, target)
 
 
 def checkout_files(into):
@@ -209,7 +186,6 @@ def commit_files(commit, into):
 
 def main_release():
     import argparse
-    import tempfile
 
     parser = argparse.ArgumentParser(prog="gpu_carry.py --release")
     parser.add_argument("--release", choices=sorted(RELEASE_PACKAGES), required=True)

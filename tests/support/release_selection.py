@@ -28,6 +28,11 @@ def table(hotfix):
     return {row["release"]: row for row in hotfix.known_fingerprints.rows}
 
 
+def with_verdict(hotfix, verdict="affected"):
+    """The releases the record's shipped table gives ``verdict``, oldest first."""
+    return sorted((r for r, row in table(hotfix).items() if row["verdict"] == verdict), key=Version)
+
+
 def selected(shipped, quick):
     choice = os.environ.get("SGLANG_HOTFIX_RELEASES", "all").strip()
     if choice == "all":
