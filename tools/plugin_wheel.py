@@ -35,7 +35,7 @@ def checkout_copy(folder, repo=REPO):
 
 def build(source, out):
     """``pip wheel`` of ``source`` (a folder holding the plugin) into ``out``; returns the wheel."""
-    out = pathlib.Path(out)
+    out = pathlib.Path(out).resolve()  # pip runs in ``out``: a relative path would land below it
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob(PATTERN):
         old.unlink()
