@@ -17,6 +17,9 @@ import sglang_hotfix_trtllm_autoload
 
 LOGGER_NAME = "sglang_hotfix_trtllm"
 logger = logging.getLogger(LOGGER_NAME)
+# Every message starts with the package's name: under the host's logging configuration (SGLang's
+# ``[%(asctime)s] %(message)s``) the line must still say whose it is, for ``grep sglang-hotfix-trtllm``.
+PREFIX = "sglang-hotfix-trtllm: "
 
 _said = set()
 
@@ -31,11 +34,26 @@ def _handled_above(record):
     return False
 
 
+class _FallbackFormatter(logging.Formatter):
+    """The fallback's own line names the package before the level; the message's prefix is left out
+    there (said once per line)."""
+
+    def formatMessage(self, record):
+        message = record.message
+        if not message.startswith(PREFIX):
+            return super().formatMessage(record)
+        record.message = message[len(PREFIX) :]
+        try:
+            return super().formatMessage(record)
+        finally:
+            record.message = message
+
+
 class _FallbackHandler(logging.Handler):
     def __init__(self):
         super().__init__()
         self.setFormatter(
-            logging.Formatter("[%(asctime)s pid=%(process)d] sglang-hotfix-trtllm %(levelname)s: %(message)s")
+            _FallbackFormatter("[%(asctime)s pid=%(process)d] sglang-hotfix-trtllm %(levelname)s: %(message)s")
         )
 
     def emit(self, record):
@@ -68,7 +86,7 @@ def say(level, message, *args, once_key=None):
             if key in _said:
                 level = logging.DEBUG
             _said.add(key)
-        logger.log(level, message, *args)
+        logger.log(level, PREFIX + message, *args)
     except Exception:
         pass
 

@@ -806,6 +806,10 @@ def test_remove_under_another_wrapper_says_the_method_is_turned_off_not_restored
         assert patch.remove_all() == 1
     finally:
         setattr(record.cls, record.hotfix.method_name, record.original)
-    (said,) = [message for level, message in lines if level == "INFO" and message.startswith("removed:")]
-    assert said == "removed: 0 method(s) restored to SGLang's original, 1 turned off in place under another wrapper"
+    (said,) = [message for level, message in lines if level == "INFO" and message.startswith(logs.PREFIX + "removed:")]
+    assert (
+        said
+        == logs.PREFIX
+        + "removed: 0 method(s) restored to SGLang's original, 1 turned off in place under another wrapper"
+    )
     assert record.outcome() == "unpatched"

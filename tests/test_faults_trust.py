@@ -13,6 +13,7 @@ promise it defends; each class of promise has several cases.
 import ast
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -363,11 +364,17 @@ def test_log_lines_appear_exactly_once_whenever_the_host_configures_logging(tmp_
     """Promise 4: no line lost, none doubled, whether logging is configured before or after our first line."""
     ran = run_scenario("fault", "logging_configured", when, cwd=tmp_path)
     assert ran.returncode == 0, ran
-    patched = [line for line in ran.stderr.splitlines() if "INFO: patched" in line]
-    removed = [line for line in ran.stderr.splitlines() if "INFO: removed" in line]
+    # Our fallback prints "sglang-hotfix-trtllm INFO: patched ..."; the host's format shows the
+    # message itself, which names the package (issue 37 item 6: `grep sglang-hotfix-trtllm` finds both).
+    ours = re.compile(r"INFO: (sglang-hotfix-trtllm: )?(patched|removed)")
+    patched = [line for line in ran.stderr.splitlines() if ours.search(line) and "patched" in line]
+    removed = [line for line in ran.stderr.splitlines() if ours.search(line) and "removed:" in line]
     assert len(patched) == len(applied_record_names()) and len(removed) == 1, ran  # one line per applied record
     assert removed[0].startswith("HOST ")  # after the host's set-up, the host's handler shows our lines
     assert all(line.startswith("HOST ") == (when == "before") for line in patched)
+    assert all("sglang-hotfix-trtllm" in line for line in patched + removed)
+    host = [line for line in patched + removed if line.startswith("HOST ")]
+    assert host and all("INFO: sglang-hotfix-trtllm: " in line for line in host)
 
 
 # --- 5. run is transparent -------------------------------------------------------
