@@ -79,35 +79,48 @@ def _runner(torch, pool, allocator, is_draft_worker, algorithm):
     )
 
 
-def _runners(torch):
-    """name -> model runner, and the target's SWAKVPool."""
-    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
-    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool, SWATokenToKVPoolAllocator
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+def swa_pool(torch, swa_layers=TARGET_SWA_LAYERS, full_layers=TARGET_FULL_LAYERS, size=SIZE, size_swa=SIZE_SWA):
+    """SGLang's own ``SWAKVPool`` on CPU: one token slot per page, float32 (also the tests' pools)."""
+    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
-    target_pool = SWAKVPool(
-        size=SIZE,
-        size_swa=SIZE_SWA,
+    return SWAKVPool(
+        size=size,
+        size_swa=size_swa,
         page_size=1,
         dtype=torch.float32,
         head_num=HEADS,
         head_dim=HEAD_DIM,
-        swa_attention_layer_ids=list(TARGET_SWA_LAYERS),
-        full_attention_layer_ids=list(TARGET_FULL_LAYERS),
+        swa_attention_layer_ids=list(swa_layers),
+        full_attention_layer_ids=list(full_layers),
         enable_kvcache_transpose=False,
         device="cpu",
     )
-    allocator = SWATokenToKVPoolAllocator(SIZE, SIZE_SWA, 1, torch.float32, "cpu", target_pool, False)
-    draft_pool = MHATokenToKVPool(
-        size=SIZE,
+
+
+def plain_pool(torch, layers, size=SIZE):
+    """SGLang's own ``MHATokenToKVPool`` on CPU, as ``swa_pool``."""
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    return MHATokenToKVPool(
+        size=size,
         page_size=1,
         dtype=torch.float32,
         head_num=HEADS,
         head_dim=HEAD_DIM,
-        layer_num=DRAFT_LAYERS,
+        layer_num=layers,
         device="cpu",
         enable_memory_saver=False,
     )
+
+
+def _runners(torch):
+    """name -> model runner, and the target's SWAKVPool."""
+    from sglang.srt.mem_cache.swa_memory_pool import SWATokenToKVPoolAllocator
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    target_pool = swa_pool(torch)
+    allocator = SWATokenToKVPoolAllocator(SIZE, SIZE_SWA, 1, torch.float32, "cpu", target_pool, False)
+    draft_pool = plain_pool(torch, DRAFT_LAYERS)
     runners = {
         "target": _runner(torch, target_pool, allocator, False, SpeculativeAlgorithm.EAGLE3),
         "EAGLE3 draft": _runner(torch, draft_pool, allocator, True, SpeculativeAlgorithm.EAGLE3),

@@ -26,6 +26,7 @@ import typing
 import torch
 
 import isolated_release
+from sglang_hotfix_trtllm.records import pr25103_probe
 
 MODULE_NAME = "sglang.srt.layers.attention.trtllm_mha_backend"
 BACKEND = "sglang/srt/layers/attention/trtllm_mha_backend.py"
@@ -110,39 +111,11 @@ def _filled(pool):
 
 
 def _swa_pool(swa_layers, full_layers):
-    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
-
-    return _filled(
-        SWAKVPool(
-            size=SIZE,
-            size_swa=SIZE_SWA,
-            page_size=1,
-            dtype=torch.float32,
-            head_num=HEADS,
-            head_dim=HEAD_DIM,
-            swa_attention_layer_ids=swa_layers,
-            full_attention_layer_ids=full_layers,
-            enable_kvcache_transpose=False,
-            device="cpu",
-        )
-    )
+    return _filled(pr25103_probe.swa_pool(torch, swa_layers, full_layers, size=SIZE, size_swa=SIZE_SWA))
 
 
 def _plain_pool(layers):
-    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
-
-    return _filled(
-        MHATokenToKVPool(
-            size=SIZE,
-            page_size=1,
-            dtype=torch.float32,
-            head_num=HEADS,
-            head_dim=HEAD_DIM,
-            layer_num=layers,
-            device="cpu",
-            enable_memory_saver=False,
-        )
-    )
+    return _filled(pr25103_probe.plain_pool(torch, layers, size=SIZE))
 
 
 class World:
