@@ -134,7 +134,7 @@ def classify(tree):
         return verdict(
             Verdict.AFFECTED,
             "forward_decode passes FlashInfer's XQA decode kernel `q.reshape(...)`, a strided view of a split QKV "
-            "projection, which XQA reads as packed rows. Repaired: kernel calls through the module's flashinfer",
+            "projection, which XQA reads as packed rows. Repaired: SGLang's method is called with the query packed",
         )
     if statements.count(UPSTREAM_STATEMENT) == 1:
         return verdict(
@@ -161,7 +161,7 @@ HOTFIX = Hotfix(
     effect="FlashInfer's XQA decode kernel receives the query packed",
     distribution="sglang",
     target="%s.%s.%s" % (site.MODULE, CLASS_NAME, METHOD),
-    gates=((site.GATED_GLOBAL, site.make_gate),),  # armed by the first call that needs a repair
+    # No gate: the repair is made on the method's argument (``before``), never at the kernel call.
     site=site.SITE,
     classify=classify,
     wrapper=site.note_the_call,

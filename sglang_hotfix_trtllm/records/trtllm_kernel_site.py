@@ -144,7 +144,11 @@ def _repaired_call(module, joined, wrapped, instance, args, kwargs, backend, lay
         )
     except Exception:
         return _run_unnoted(wrapped, args, kwargs)
-    call = Call(wrapped, backend, q, layer, forward_batch, gated, [joined.hotfixes[name] for name in gated])
+    hotfixes = joined.hotfixes  # one read: remove() in another thread may replace it meanwhile
+    gated = tuple(name for name in gated if name in hotfixes)  # removed since: as with the record off
+    if not gated:
+        return _run_unnoted(wrapped, args, kwargs)
+    call = Call(wrapped, backend, q, layer, forward_batch, gated, [hotfixes[name] for name in gated])
     return _run_noted_here(module, wrapped, args, kwargs, call)
 
 
@@ -200,6 +204,7 @@ def _run_noted_call(module, wrapped, args, kwargs, call):
 
 _run_noted = None  # _run_noted_call under torch.compiler.disable, made at the first compiled call
 _dynamo_callback = None  # torch's getter of TorchDynamo's frame callback, found at the first noted call
+_dynamo_tracing = None  # torch.compiler.is_compiling, found with it
 
 
 def _run_noted_here(module, wrapped, args, kwargs, call):
@@ -211,12 +216,13 @@ def _run_noted_here(module, wrapped, args, kwargs, call):
     callback is set.) Where no callback is set (eager mode: every call of a server without
     ``--enable-torch-compile``, and CUDA-graph capture), the call runs directly: the disabling
     wrapper costs each call microseconds."""
-    global _run_noted, _dynamo_callback
+    global _run_noted, _dynamo_callback, _dynamo_tracing
     if _dynamo_callback is None:
-        _dynamo_callback = _find_dynamo_callback()
-    callback = _dynamo_callback()
-    if callback is None or callback is False:  # None: eager; False: run-only (nothing new compiled)
-        return _run_noted_call(module, wrapped, args, kwargs, call)
+        _dynamo_callback, _dynamo_tracing = _find_dynamo_callback(), _find_dynamo_tracing()
+    if not _dynamo_tracing():  # where TorchDynamo traces this frame, no untraceable call is made
+        callback = _dynamo_callback()
+        if callback is None or callback is False:  # None: eager; False: run-only (nothing new compiled)
+            return _run_noted_call(module, wrapped, args, kwargs, call)
     if _run_noted is None:
         runner = _run_noted_call
         try:
@@ -229,6 +235,17 @@ def _run_noted_here(module, wrapped, args, kwargs, call):
     return _run_noted(module, wrapped, args, kwargs, call)
 
 
+def _find_dynamo_tracing():
+    """``torch.compiler.is_compiling`` (True while TorchDynamo traces the frame that asks); where this
+    torch has none, a stand-in that says no."""
+    try:
+        import torch
+
+        return torch.compiler.is_compiling
+    except Exception:
+        return lambda: False
+
+
 def _find_dynamo_callback():
     """``torch._C._dynamo.eval_frame.get_eval_frame_callback``; where this torch has none, a stand-in
     that says TorchDynamo may be compiling (every noted call then runs under the disabling wrapper,
@@ -236,9 +253,7 @@ def _find_dynamo_callback():
     try:
         import torch._C._dynamo.eval_frame as eval_frame
 
-        found = eval_frame.get_eval_frame_callback
-        found()
-        return found
+        return eval_frame.get_eval_frame_callback
     except Exception:
         return lambda: "unknown"
 
@@ -281,6 +296,7 @@ def _stand_in_for(stand_in, kernel):
 # what wrapt calls (SGLang's function, kept alive by the wrapper anyway) -> the code object below it:
 # a plain dict, read at every repaired kernel call
 _codes = {}
+_FUNCTION = type(lambda: None)
 
 
 def _method_code(function):
@@ -290,10 +306,11 @@ def _method_code(function):
     did before it could tell who is calling). Found once per function: every repaired kernel
     call asks."""
     function = getattr(function, "__func__", function)
-    try:
+    # Only a plain function is a key: a proxy (wrapt's partial for a call through the class holds
+    # the instance) would keep the backend and its buffers alive here.
+    cacheable = type(function) is _FUNCTION
+    if cacheable and function in _codes:
         return _codes[function]
-    except (KeyError, TypeError):  # not seen yet, or not hashable (then found each time)
-        pass
     found = function
     for _ in range(8):  # a chain of wrappers below, each naming the next
         below = getattr(found, "__wrapped__", None)
@@ -301,10 +318,8 @@ def _method_code(function):
             break
         found = getattr(below, "__func__", below)
     code = getattr(found, "__code__", None)
-    try:
+    if cacheable:
         _codes[function] = code
-    except TypeError:
-        pass
     return code
 
 
