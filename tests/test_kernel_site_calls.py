@@ -427,3 +427,75 @@ def test_a_reloaded_backend_module_is_patched_again(tmp_path):
     )
     ran = run_python(["-c", code], cwd=tmp_path, env=clean_env())
     assert ran.result == [False, {n: "HotfixWrapper" for n in ("__init__", "forward_decode", "forward_extend")}], ran
+
+
+# --------------------------------------------------------------------------
+# The review of 0.11.0 (each seen failing on the code before its fix)
+
+
+def test_remove_between_a_calls_check_and_its_note_raises_nothing(monkeypatch):
+    """0.5.12 with pr28144 and pr31667 on one call (FP8 cache with scales, strided query): remove()
+    in another thread right after the records' checks (here: inside pr31667's check) left the call
+    naming a record whose Hotfix was gone: KeyError into SGLang's forward_decode."""
+    from sglang_hotfix_trtllm.records import trtllm_kernel_site as site
+
+    module = fp8_cases.load_backend_module(release_selection.release_dir(RELEASE))
+    for record in (RECORDS["pr28144"], RECORDS["pr31667"]):
+        patch.wrap(record.hotfix, module, detect.assess_module(record.hotfix, module))
+    own = site._NEEDS["pr31667"]
+
+    def needs_then_removed(backend, layer, q, wrapped):
+        answer = own(backend, layer, q, wrapped)
+        patch.remove_all()  # as another thread's remove() would, between the check and the note
+        return answer
+
+    monkeypatch.setitem(site._NEEDS, "pr31667", needs_then_removed)
+    call, _ = _call(module, _case(RECORDS["pr28144"].needs), 11)
+    try:
+        call()  # raised KeyError: 'pr28144' before the fix
+    finally:
+        patch.remove_all()
+    assert len(_kernel_calls(module)) >= 1
+
+
+def test_a_call_through_the_class_leaves_no_backend_alive():
+    """The gate's cache of SGLang's method code took wrapt's partial proxy of a call through the
+    class (``Cls.forward_decode(backend, ...)``) as a key: the backend and its buffers stayed alive."""
+    import gc
+    import weakref
+
+    record = RECORDS["pr28144"]
+    module = fp8_cases.load_backend_module(release_selection.release_dir(RELEASE))
+    patch.wrap(record.hotfix, module, detect.assess_module(record.hotfix, module))
+    try:
+        case = _case(record.needs)
+        generator = torch.Generator().manual_seed(12)
+        pool = fp8_cases.KVPool(fp8_cases.CallLog(), fp8_cases.KV_DTYPES[case.kv], generator)
+        q, k, v = fp8_cases.inputs(case, generator)
+        backend = fp8_cases._backend(module, case, pool)
+        layer, batch = fp8_cases._layer(case), fp8_cases._forward_batch(module, case, pool)
+        module.TRTLLMHAAttnBackend.forward_decode(backend, q, k, v, layer, batch, save_kv_cache=False, sinks=None)
+        assert record.repaired(_kernel_calls(module)[-1])
+        alive = weakref.ref(backend)
+        del backend, batch, pool
+        del fp8_cases._LOGS[module][:]
+        gc.collect()
+        assert alive() is None
+    finally:
+        patch.remove_all()
+
+
+def test_pr31667_stays_in_force_when_the_gate_it_does_not_use_is_replaced():
+    """pr31667 repairs before the method: a replaced ``flashinfer`` global (the gate armed by
+    pr28144 gone) does not make ``is_patched`` say pr31667 is out of force, and its calls are still
+    repaired."""
+    module = fp8_cases.load_backend_module(release_selection.release_dir(RELEASE))
+    for record in (RECORDS["pr28144"], RECORDS["pr31667"]):
+        patch.wrap(record.hotfix, module, detect.assess_module(record.hotfix, module))
+    try:
+        _needing_call_through(module, RECORDS["pr28144"], 13)  # arms the gate
+        module.flashinfer = module.flashinfer.__wrapped__  # someone put FlashInfer itself back
+        assert patch.is_patched(RECORDS["pr31667"].hotfix, module.TRTLLMHAAttnBackend)
+        assert _needing_call_through(module, RECORDS["pr31667"], 14)
+    finally:
+        patch.remove_all()
