@@ -455,6 +455,13 @@ class RecompileLimitHits(logging.Handler):
         super().close()
 
 
+def where_it_runs(dry_run):
+    """(device, sizes, synchronize) of a run on the GPU, or of a dry run on the CPU."""
+    if dry_run:
+        return torch.device("cpu"), SIZES["dry"], (lambda: None)
+    return torch.device("cuda"), SIZES["device"], torch.cuda.synchronize
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--cpu-dry-run", action="store_true")
@@ -465,9 +472,7 @@ def main():
     options = parser.parse_args()
     dry_run = options.cpu_dry_run
     clock = Clock(options.budget_s)
-    device = torch.device("cpu" if dry_run else "cuda")
-    size = SIZES["dry" if dry_run else "device"]
-    synchronize = (lambda: None) if dry_run else torch.cuda.synchronize
+    device, size, synchronize = where_it_runs(dry_run)
     backend_module, ForwardMode, _ = import_sglang()
     save_kv_cache, kv_write_note = options.kv_write and kv_write_importable(), None
     if options.kv_write and not save_kv_cache:

@@ -52,6 +52,7 @@ from decode_step_ab_worker import (  # noqa: E402
     quartiles,
     set_state,
     timed,
+    where_it_runs,
 )
 
 ARMS = ("release", "hotfix", "anchor")
@@ -271,10 +272,8 @@ def main():
     options = parser.parse_args()
     dry_run = options.cpu_dry_run
     clock = Clock(options.budget_s)
-    device = torch.device("cpu" if dry_run else "cuda")
-    size = SIZES["dry" if dry_run else "device"]
+    device, size, synchronize = where_it_runs(dry_run)
     plan = PLAN["dry" if dry_run else "device"]
-    synchronize = (lambda: None) if dry_run else torch.cuda.synchronize
     backend_module, ForwardMode, _ = import_sglang()
     kernel = use_kernel(backend_module, dry_run)
     anchor = load_anchor(options.anchor, backend_module)
