@@ -194,3 +194,17 @@ def test_the_fault_matrix_count_is_what_pytest_collects():
     count = re.search(r"(\d+) tests? collected", collected.stdout)
     assert count, collected.stdout[-2000:]
     assert int(stated.group(1)) == int(count.group(1))
+
+
+def test_the_install_section_opens_with_a_quick_start():
+    """Issue 37 item 9: build the wheel, install it, check; the container caveat and the upgrade."""
+    install = section(read("README.md"), "Install")
+    first_block = install.split("```")[1].strip().splitlines()
+    assert [line.split()[:2] for line in first_block] == [
+        ["pip", "wheel"],
+        ["pip", "install"],
+        ["sglang-hotfix-trtllm", "status"],
+    ]
+    wheel = "dist/sglang_hotfix_trtllm-%s-py3-none-any.whl" % sglang_hotfix_trtllm.__version__
+    assert wheel in first_block[0] and first_block[1].split()[2] == wheel
+    assert "To upgrade" in install and "gone when the container is recreated" in install
