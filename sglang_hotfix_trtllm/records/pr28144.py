@@ -116,22 +116,21 @@ def scalar_scale(layer, float_attr, scale_attr):
         scale = getattr(layer, scale_attr, None)
     if scale is None:
         return 1.0
-    if scale.__class__ is float:  # a checkpoint's scale, as SGLang's loader sets it: no import
-        return scale if scale > 0.0 else 1.0
-    import torch
+    if scale.__class__ is not float:  # a checkpoint's float scale (SGLang's loader) needs no import
+        import torch
 
-    if isinstance(scale, torch.Tensor):
-        logs.say(
-            logging.WARNING,
-            "%s: ignoring tensor %s for the TRT-LLM MHA FP8 KV cache scale, as SGLang 0.5.15 does: "
-            "expected %s to be populated with a Python scalar",
-            HOTFIX.name,
-            scale_attr,
-            float_attr,
-            once_key=("pr28144-tensor-scale", scale_attr),
-        )
-        return 1.0
-    scale = float(scale)
+        if isinstance(scale, torch.Tensor):
+            logs.say(
+                logging.WARNING,
+                "%s: ignoring tensor %s for the TRT-LLM MHA FP8 KV cache scale, as SGLang 0.5.15 does: "
+                "expected %s to be populated with a Python scalar",
+                HOTFIX.name,
+                scale_attr,
+                float_attr,
+                once_key=("pr28144-tensor-scale", scale_attr),
+            )
+            return 1.0
+        scale = float(scale)
     return scale if scale > 0.0 else 1.0
 
 

@@ -5,20 +5,24 @@ only at import.
 
 One wrapper per method and one gate, owned here; records contribute a *repair* each
 (``register``): ``needs(backend, layer, q, wrapped)``, a cheap test that may say True where
-nothing differs and never False where upstream's arguments differ, and ``repair(call, kwargs)``,
-which returns the kernel's keyword arguments as upstream's change passes them, SGLang's own
-objects wherever it leaves them. ``patch`` joins the records of this site on a method they
-share (``Hotfix.site``): the wrapper learns which are on from ``joined.active``, in the order applied
-(pr28144's scales, then pr31667's query, then pr17732's K/V views: each its own argument), so records compose as
+nothing differs and never False where upstream's arguments differ, and either ``before(backend,
+layer, q)``, the query SGLang's method is called with (a repair upstream makes on the method's own
+argument: pr31667's packed query), or ``repair(call, kwargs)``, which returns the kernel's keyword
+arguments as upstream's change passes them, SGLang's own objects wherever it leaves them (values
+the method computes: pr28144's scales, pr17732's K/V views). ``patch`` joins the records of this
+site on a method they share (``Hotfix.site``): the wrapper learns which are on from
+``joined.active``, in the order applied (each repairs its own argument), so records compose as
 upstream's changes do, each with its own verdict, switch, line, status block and metric.
 
-A call for which no record on says ``needs`` runs SGLang's method alone. Otherwise the call is
-noted (the backend, the layer, the query as the method received it, the forward batch, the records
-that need to repair it) for its duration, and the module's global ``flashinfer`` becomes the gate
-if it is not yet (``patch.arm_gates``). The gate passes FlashInfer through, but a kernel call made
-inside a noted call gets each needed record's repair in turn; a repair that cannot be computed is
-skipped with its record's warning (that call is then as with that record off). Once the kernel is
-called with the repaired arguments, what it raises propagates, as upstream's call would.
+A call for which no record on says ``needs`` runs SGLang's method alone. Otherwise the ``before``
+repairs are made and SGLang's method called with their query; if a record repairs at the kernel,
+the call is noted (the backend, the layer, the query the method is called with, the forward batch,
+the records that need to repair it) for its duration, and the module's global ``flashinfer``
+becomes the gate if it is not yet (``patch.arm_gates``). The gate passes FlashInfer through, but a
+kernel call made by the noted method gets each needed record's repair in turn; a repair that cannot
+be computed is skipped with its record's warning (that call is then as with that record off). Once
+the kernel is called with the repaired arguments, what it raises propagates, as upstream's call
+would.
 """
 
 import contextvars
@@ -110,7 +114,7 @@ def note_the_call(module, joined, wrapped, instance, args, kwargs):
     except Exception:
         needed = None  # SGLang's method raises its own error, or runs as it would
     if needed is None:
-        if _current_call.get() is None:
+        if _current_call.get() is None:  # _run_unnoted's first test, inline: every layer's call makes it
             return wrapped(*args, **kwargs)
         return _run_unnoted(wrapped, args, kwargs)
     return _repaired_call(module, joined, wrapped, instance, args, kwargs, backend, layer, q, needed)
@@ -130,13 +134,8 @@ def _repaired_call(module, joined, wrapped, instance, args, kwargs, backend, lay
         except Exception as error:
             logs.repair_skipped(_target(wrapped.__name__), name, error, kind="not-computed")
             continue
-        if instance is not None and args:  # SGLang's positional call: the query first
-            args = (q,) + args[1:]
-        else:
-            args, kwargs = _with_query(instance, args, kwargs, q)
+        args, kwargs = _with_query(instance, args, kwargs, q)
     if not gated:
-        if _current_call.get() is None:
-            return wrapped(*args, **kwargs)
         return _run_unnoted(wrapped, args, kwargs)
     try:
         backend, q, layer, forward_batch = (
