@@ -133,6 +133,9 @@ def _silence_stdout():
         pass
 
 
+DETAILS = "every record's whole report: add --verbose (or --json)"
+
+
 def _human(report, state):
     lines = [state.headline(report)] if "would_patch" in report else []
     width = max(len(key) for key in report)
@@ -176,7 +179,12 @@ def status(arguments):
         # the environment at the top level, each record's report under "hotfixes".
         document = state.environment_document(reports, state.overall_headline(reports, worst), worst)
         return _write_result(json.dumps(document, indent=2, sort_keys=True) + "\n", worst)
-    return _write_result(state.overall_headline(reports, worst) + "\n\n" + "\n".join(texts), worst)
+    if arguments.verbose:
+        return _write_result(state.overall_headline(reports, worst) + "\n\n" + "\n".join(texts), worst)
+    width = max(len(report["hotfix"]) for report in reports)
+    lines = [state.overall_headline(reports, worst), ""] + [state.record_line(r, width) for r in reports]
+    lines += ["", state.environment_line(reports[0]), DETAILS]
+    return _write_result("\n".join(lines) + "\n", worst)
 
 
 def _status_of_processes(arguments, state):
@@ -255,6 +263,8 @@ def _status_of_source(arguments, state):
         if len(lines) > 1:
             document["file_headlines"] = lines[1:]
         return _write_result(json.dumps(document, indent=2, sort_keys=True) + "\n", worst)
+    if not arguments.verbose:
+        return _write_result("\n".join(lines + ["", DETAILS]) + "\n", worst)
     return _write_result("\n".join(lines) + "\n\n" + "\n".join(texts), worst)
 
 
@@ -325,6 +335,12 @@ def _parser():
         epilog=STATUS_HELP,
     )
     status_parser.add_argument("--json", action="store_true", help="print one JSON object (with a format_version key)")
+    status_parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="after the first line, every record's whole report (one block each) instead of one line per record",
+    )
     files = ", ".join(sorted({h.module.rpartition(".")[2] + ".py" for h in catalog.HOTFIXES}))
     status_parser.add_argument(
         "--source",

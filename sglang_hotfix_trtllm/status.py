@@ -203,8 +203,21 @@ def source_exit_status(verdict):
 
 def of_file(hotfix, path):
     """(report dict, assessment, exit status) for one given source file."""
-    assessment = detect.assess_source(hotfix, path)
+    assessment = _assessed_in_walk(hotfix, path) if _assessed is not None else detect.assess_source(hotfix, path)
     return assessment.as_dict(), assessment, source_exit_status(assessment.verdict)
+
+
+def _assessed_in_walk(hotfix, path):
+    """Within ``shared_walks``: the file assessed for every record of the catalog at its first
+    question, while its one tree is parsed (``detect`` keeps the last file's tree only, and the
+    command asks record by record across every file: without this, an image root's scan parsed
+    each file once per record)."""
+    key = (path, hotfix.name)
+    if key not in _assessed:
+        with detect.shared_parses():
+            for each in catalog.HOTFIXES if hotfix in catalog.HOTFIXES else (hotfix,):
+                _assessed[(path, each.name)] = detect.assess_source(each, path)
+    return _assessed[key]
 
 
 class PathProblem(Exception):
@@ -259,18 +272,19 @@ def backend_files(hotfix, root):
 
 
 _walked = None  # within shared_walks(): (root, file name) -> (readable, unreadable)
+_assessed = None  # within shared_walks(): (path, record name) -> assessment
 
 
 @contextlib.contextmanager
 def shared_walks():
     """The records of one ``status --source`` share one walk of the tree (a live root changes
-    between walks, and every walk of an image root costs seconds)."""
-    global _walked
-    _walked = {}
+    between walks, and every walk of an image root costs seconds), and one parse of each file."""
+    global _walked, _assessed
+    _walked, _assessed = {}, {}
     try:
         yield
     finally:
-        _walked = None
+        _walked = _assessed = None
 
 
 def _walk(root, name):
@@ -369,8 +383,9 @@ def _why_open(report):
     """Why a record's bug would run, for the first line. An unrepairable record's whole reason is
     its block's (who it concerns, why no wrapper repairs it): here only what fixes it."""
     if report["verdict"] == "unrepairable" and report["decision"] == engine.Action.UNREPAIRABLE.value:
-        return "a bug this hotfix recognises but cannot repair here; %s fixes it (its block says who it concerns)" % (
-            report.get("upstream") or "upstream"
+        return "a bug this hotfix recognises but cannot repair here; %s fixes it (%s)" % (
+            report.get("upstream") or "upstream",
+            "`status --verbose`: who it concerns",
         )
     return report["would_patch_reason"]
 
@@ -410,7 +425,11 @@ def overall_headline(reports, code, subject=None, running=False):
         )
     if code == EXIT_ERROR:
         failing = [r for r in reports if r["decision"] in [action.value for action in engine.REFUSALS]]
-        return "CANNOT PATCH: record %s: %s" % (names(failing), _by_reason(failing, lambda r: r["would_patch_reason"]))
+        return "CANNOT PATCH: %s: record %s: %s" % (
+            sglang,
+            names(failing),
+            _by_reason(failing, lambda r: r["would_patch_reason"]),
+        )
     accepted = [r for r in reports if r["verdict"] == "unrepairable" and r["decision"] == engine.Action.DISABLED.value]
     patched = [r for r in affected if r["would_patch"]]
     if code == EXIT_UNPROTECTED:
@@ -487,6 +506,49 @@ def headline_of_verdicts(subject, verdicts, upstreams):
         )
     code = max(source_exit_status(Verdict(verdict)) for verdict in verdicts.values())
     return overall_headline(reports, code, subject=subject), code
+
+
+def record_line(report, width):
+    """One record in plain ``status``'s short form: its name, verdict and what a process started now
+    does about it (the whole report: ``status --verbose``)."""
+    verdict, decision = report["verdict"], report.get("decision")
+    if verdict == "affected":
+        what = "will be patched" if report.get("would_patch") else "runs unpatched: %s" % report["would_patch_reason"]
+    elif verdict == "unrepairable":
+        what = (
+            "turned off by %s: its bug runs unrepaired, accepted" % switches.DISABLE
+            if decision == engine.Action.DISABLED.value
+            else "runs unrepaired: not repairable here; %s fixes it" % (report.get("upstream") or "upstream")
+        )
+    elif verdict == "unknown":
+        what = "refused: %s" % report["would_patch_reason"]
+    elif verdict == "fixed":
+        what = "nothing to do: already fixed"
+    else:
+        what = "nothing to do"
+    return "  %-*s  %-14s  %s" % (width, report["hotfix"], verdict, what)
+
+
+def environment_line(report):
+    """What is the same for every record, in one line of plain ``status``."""
+    loaders = [
+        name
+        for name, on in (
+            ("the startup file", report.get("startup_file_active")),
+            ("`run`", report.get("launcher_active")),
+            ("SGLang's plugin loader", report.get("entry_point_installed") and report.get("sglang_plugin_framework")),
+        )
+        if on
+    ]
+    switched = {key: value for key, value in (report.get("switches") or {}).items() if value}  # set ones only
+    return "plugin %s at %s; SGLang %s (%s); loaders: %s; switches set: %s" % (
+        report.get("plugin_version"),
+        report.get("plugin_location"),
+        report.get("sglang_version") or "(not installed)",
+        report.get("sglang_install_kind") or "-",
+        ", ".join(loaders) or "none active",
+        readable(switched) if switched else "none",
+    )
 
 
 def readable(value):

@@ -48,9 +48,32 @@ def test_human_status_opens_with_one_line_to_act_on():
 
 
 def test_human_status_shows_no_python_reprs():
-    out = run_cli("status").stdout
-    assert "{" not in out and "None" not in out and "True" not in out and "False" not in out
-    assert "disabled: no" in out
+    for verbose in ((), ("--verbose",)):
+        out = run_cli("status", *verbose).stdout
+        assert "{" not in out and "None" not in out and "True" not in out and "False" not in out
+    assert "disabled: no" in out  # the verbose blocks: every switch, as a person reads it
+
+
+def test_plain_status_is_short_and_verbose_has_every_report():
+    """Issue 37 item 10: plain ``status`` printed every record's whole report (about 150 lines, 235
+    with nine records). Now: the first line, one line per record (name, verdict, what a new process
+    does), the environment in one line, and how to see the rest; ``--verbose`` prints the blocks
+    with the same first line and exit status."""
+    from sglang_hotfix_trtllm.records import catalog
+
+    short = run_cli("status", env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE="pr31667"))
+    verbose = run_cli("status", "--verbose", env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE="pr31667"))
+    lines = short.stdout.splitlines()
+    assert short.returncode == verbose.returncode == 1
+    assert lines[0] == verbose.stdout.splitlines()[0] and lines[0].startswith("NOT PROTECTED: ")
+    assert len(lines) == len(catalog.HOTFIXES) + 5, short.stdout
+    rows = {line.split()[0]: line.split(None, 2)[1:] for line in lines[2 : 2 + len(catalog.HOTFIXES)]}
+    assert list(rows) == [hotfix.name for hotfix in catalog.HOTFIXES]
+    assert rows["pr31667"] == ["affected", "runs unpatched: SGLANG_HOTFIX_TRTLLM_DISABLE names pr31667"]
+    assert rows["pr26521"] == ["affected", "will be patched"] and rows["pr17732"][0] == "fixed"
+    assert "switches set: disabled_records: pr31667" in lines[-2] and "--verbose" in lines[-1]
+    for hotfix in catalog.HOTFIXES:
+        assert "\nhotfix" in verbose.stdout and ("hotfix %s" % hotfix.name) in " ".join(verbose.stdout.split())
 
 
 def test_json_status_carries_a_format_version():
@@ -92,6 +115,30 @@ def test_source_folder_reports_every_backend_file_under_it(image_root):
     assert sorted(r["verdict"] for r in ran.record("pr26521")["sources"]) == ["affected", "fixed"]
     for record in report["hotfixes"]:
         assert all(r["source_path"].startswith(str(image_root)) for r in record["sources"])
+
+
+def test_a_folder_scan_parses_each_backend_file_once(image_root, monkeypatch, capsys):
+    """Issue 37 item 4: the command asks record by record across every file, and the analysis
+    keeps one file's tree: an image root's scan parsed each file once per record (nine times).
+    Each file is now parsed once, with the same verdicts as each record's own assessment."""
+    from sglang_hotfix_trtllm import cli, detect
+    from sglang_hotfix_trtllm.records import catalog
+
+    parsed, parse = [], detect.ParsedSource.parse
+
+    def counting(self):
+        if self.tree is None:
+            parsed.append(self.path)
+        return parse(self)
+
+    monkeypatch.setattr(detect.ParsedSource, "parse", counting)
+    assert cli.main(["status", "--source", str(image_root), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert len(parsed) == len(set(parsed)) == 2, parsed
+    for record in report["hotfixes"]:
+        hotfix = next(h for h in catalog.HOTFIXES if h.name == record["hotfix"])
+        for source in record["sources"]:
+            assert source["verdict"] == detect.assess_source(hotfix, source["source_path"]).verdict.value
 
 
 def test_source_folder_with_unknown_code_exits_2(image_root, installed_backend_source):
@@ -301,10 +348,10 @@ def test_a_process_agrees_with_status_on_a_kill_switch_it_does_not_understand(sc
     "value, word, code", [("", "PROTECTED: ", 0), ("pr25103", "NOT PROTECTED: ", 1), ("1", "NOT PROTECTED: ", 1)]
 )
 def test_the_first_line_is_one_verdict_across_records_matching_the_exit_status(value, word, code):
-    ran = run_cli("status", env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE=value))
+    ran = run_cli("status", "--verbose", env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE=value))
     first = ran.stdout.splitlines()[0]
     assert ran.returncode == code and first.startswith(word), first
-    # Each record's block follows, opened by a line naming the record.
+    # With --verbose each record's block follows, opened by a line naming the record.
     blocks = [line.split(":")[0] for line in ran.stdout.splitlines() if line.startswith("record ")]
     assert blocks == ["record " + name for name in record_names()]
 

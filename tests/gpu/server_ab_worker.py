@@ -1,0 +1,279 @@
+"""Issue 38, item 1, the server part: what an operator pays, three real SGLang 0.5.12 servers side
+by side on one GPU, load rounds interleaved.
+
+    python server_ab_worker.py --plugin-target DIR --anchor FILE [--eager] [--orders release,hotfix,anchor ...]
+
+Arms, one server each (``python -m sglang.launch_server``, test_server_e2e's launcher and clean stop):
+
+* ``release``: SGLang as shipped (the plugin not on the path at all);
+* ``hotfix``: the plugin on the server's PYTHONPATH (a ``pip install --target`` folder: SGLang's own
+  plugin loader applies it, as in test_server_e2e's case 2);
+* ``anchor``: SGLang with ``tools/anchor_source.py``'s file (0.5.12 with upstream's changes for the
+  records that apply there inserted: PR #28144 as in 0.5.15, PR #31667 as in 0.5.16) in place of
+  its ``trtllm_mha_backend.py``, in a copy of the ``sglang`` package put first on the path (what an
+  upgrade would cost); the plugin not on the path.
+
+The model is Llama-3-8B's shape (32 layers, hidden 4096, 32 query and 8 KV heads of 128, vocabulary
+128256) with SGLang's dummy weights (``--load-format dummy``: nothing to download or build) and no
+tokenizer (``--skip-tokenizer-init``: requests and answers are token ids). Decode on trtllm_mha
+(XQA on the H200), prefill on triton (0.5.12 refuses trtllm_mha prefill below SM100), BF16 KV
+cache, radix cache off. A load round: 64 requests at once, each 512 random prompt tokens (one
+fixed set for every round and arm) and 128 new tokens (``ignore_eos``, greedy); its time is from the
+first request sent to the last answer. CUDA graphs on (``--cuda-graph-max-bs 64``: every decode
+batch of the round on a captured graph) or off (``--eager``: ``--disable-cuda-graph``).
+
+Memory: each server is capped at 65,536 KV tokens (``--max-total-tokens``) with
+``--mem-fraction-static 0.5`` of what is free when it starts, so the third server has room.
+
+For each start order given, the servers start one after the other (each healthy before the next
+starts), take one untimed round each, then cycles: one round per arm, the six orders of the three
+arms in turn, until the order's share of ``--budget-s`` is spent; then all stop. Reported per pair
+of arms: the median over cycles of the percentage difference of round times, with a
+distribution-free 95% interval, pooled over the start orders and per order; the token counts, and
+whether the hotfix's and the anchor's greedy answers are equal. Writes ``$OUT/server_ab_<mode>.json``
+after every cycle, and each server's log (its last 60,000 characters) as
+``$OUT/server_ab_<mode>_<order>_<arm>.log``.
+"""
+
+import argparse
+import concurrent.futures
+import itertools
+import json
+import os
+import pathlib
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from test_server_e2e import START_TIMEOUT, base_env, free_port, healthy, launch_server, stop  # noqa: E402
+
+ARMS = ("release", "hotfix", "anchor")
+BACKEND_FILE = "sglang/srt/layers/attention/trtllm_mha_backend.py"
+BATCH, PROMPT, NEW = 64, 512, 128
+LLAMA_3_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 128256,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "hidden_act": "silu",
+    "bos_token_id": 128000,
+    "eos_token_id": 128001,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+FLAGS = [
+    "--load-format",
+    "dummy",
+    "--skip-tokenizer-init",
+    "--attention-backend",
+    "triton",
+    "--prefill-attention-backend",
+    "triton",
+    "--decode-attention-backend",
+    "trtllm_mha",
+    "--sampling-backend",
+    "pytorch",
+    "--grammar-backend",
+    "none",
+    "--disable-radix-cache",
+    "--mem-fraction-static",
+    "0.5",
+    "--max-total-tokens",
+    "65536",
+    "--max-running-requests",
+    str(BATCH),
+    "--host",
+    "127.0.0.1",
+    "--log-level",
+    "info",
+]
+
+
+def model_folder(root):
+    folder = pathlib.Path(root) / "llama3-8b-shape"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(LLAMA_3_8B, indent=2))
+    return folder
+
+
+def anchor_site(root, site, anchor):
+    """A copy of the site's ``sglang`` package with the anchor file as its backend module."""
+    copy = pathlib.Path(root) / "anchor-site"
+    if not (copy / BACKEND_FILE).exists():
+        shutil.copytree(pathlib.Path(site) / "sglang", copy / "sglang")
+    shutil.copyfile(anchor, copy / BACKEND_FILE)
+    return copy
+
+
+def prompts():
+    generator = random.Random(0)
+    return [[generator.randrange(1000, 100000) for _ in range(PROMPT)] for _ in range(BATCH)]
+
+
+def arm_environment(arm, site, plugin_target, anchor_copy):
+    paths = {"release": [site], "hotfix": [site, plugin_target], "anchor": [str(anchor_copy), site]}[arm]
+    return base_env(PYTHONPATH=os.pathsep.join(str(p) for p in paths))
+
+
+def start(arm, model, eager, environment, workdir, out, label):
+    port = free_port()
+    argv = launch_server() + ["--model-path", str(model), "--port", str(port)] + FLAGS
+    argv += ["--disable-cuda-graph"] if eager else ["--cuda-graph-max-bs", str(BATCH)]
+    log_path = pathlib.Path(workdir) / ("%s.log" % label)
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=environment, start_new_session=True, cwd=workdir
+        )
+    began = time.time()
+    while time.time() - began < START_TIMEOUT:
+        if process.poll() is not None:
+            raise RuntimeError("%s died (exit %s):\n%s" % (label, process.returncode, log_path.read_text()[-4000:]))
+        if healthy(port):
+            ready = round(time.time() - began, 1)
+            return {"arm": arm, "port": port, "process": process, "log": log_path, "ready_s": ready}
+        time.sleep(1)
+    stop(process)
+    raise RuntimeError("%s not healthy in %d s:\n%s" % (label, START_TIMEOUT, log_path.read_text()[-4000:]))
+
+
+def generate(port, ids):
+    body = json.dumps(
+        {"input_ids": ids, "sampling_params": {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}}
+    ).encode()
+    request = urllib.request.Request(
+        "http://127.0.0.1:%d/generate" % port, data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=300) as response:
+        return json.loads(response.read())
+
+
+def load_round(port, batch, pool):
+    began = time.perf_counter()
+    answers = list(pool.map(lambda ids: generate(port, ids), batch))
+    seconds = time.perf_counter() - began
+    outputs = [answer.get("output_ids") or [] for answer in answers]
+    return seconds, outputs
+
+
+def compared(cycles, a, b):
+    differences = [100.0 * (cycle[a] - cycle[b]) / cycle[b] for cycle in cycles]
+    if not differences:
+        return None
+    ordered, n = sorted(differences), len(differences)
+    half = 0.98 * n**0.5  # distribution-free interval of the median (as decode_step_ab_worker's)
+    low, high = max(0, int(n / 2 - half)), min(n - 1, int(n / 2 + half))
+    return {
+        "median_percent": round(statistics.median(differences), 2),
+        "percent_95ci": [round(ordered[low], 2), round(ordered[high], 2)],
+        "mean_percent": round(statistics.mean(differences), 2),
+        "cycles": n,
+    }
+
+
+def summary(by_order):
+    every = [cycle for cycles in by_order.values() for cycle in cycles]
+    present = set(every[0]) if every else set()
+    pairs = [p for p in (("hotfix", "release"), ("hotfix", "anchor"), ("anchor", "release")) if set(p) <= present]
+    out = {"%s_vs_%s" % pair: compared(every, *pair) for pair in pairs}
+    out["round_median_s"] = {arm: round(statistics.median(c[arm] for c in every), 3) for arm in sorted(present)}
+    out["per_order"] = {
+        order: {"%s_vs_%s" % pair: compared(cycles, *pair) for pair in pairs} for order, cycles in by_order.items()
+    }
+    return out
+
+
+def _stop_on_sigterm(signum, frame):
+    # A command's time limit sends SIGTERM: leave through the finally blocks, which stop every
+    # server's process group (each runs in a session of its own and would outlive this process).
+    raise SystemExit("SIGTERM: stopping the servers")
+
+
+def main():
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--site", default=os.environ.get("SGLANG_E2E_SITE", "/tmp/site"))
+    parser.add_argument("--plugin-target", required=True)
+    parser.add_argument("--anchor", required=True)
+    parser.add_argument("--eager", action="store_true")
+    parser.add_argument("--orders", nargs="+", default=["release,hotfix,anchor", "anchor,hotfix,release"])
+    parser.add_argument("--arms", default=",".join(ARMS), help="the arms to run, comma-separated (their start order)")
+    parser.add_argument("--budget-s", type=float, default=520.0)
+    parser.add_argument("--workdir", default="/tmp/server-ab")
+    options = parser.parse_args()
+    began = time.time()
+    out = pathlib.Path(os.environ.get("OUT", options.workdir))
+    mode = "eager" if options.eager else "graphs"
+    workdir = pathlib.Path(options.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    model = model_folder(workdir)
+    anchor_copy = anchor_site(workdir, options.site, options.anchor)
+    batch = prompts()
+    result = {"mode": mode, "batch": BATCH, "prompt_tokens": PROMPT, "new_tokens": NEW, "orders": {}, "cycles": {}}
+    by_order = {}
+    arms = tuple(options.arms.split(","))
+    orders = [order for order in options.orders if set(order.split(",")) == set(arms)] or [options.arms]
+    permutations = list(itertools.permutations(arms))
+    with concurrent.futures.ThreadPoolExecutor(BATCH) as pool:
+        for index, order_text in enumerate(orders):
+            order = order_text.split(",")
+            share = (options.budget_s - (time.time() - began)) / (len(orders) - index)
+            order_began, servers = time.time(), {}
+            facts = result["orders"][order_text] = {"ready_s": {}}
+            try:
+                for arm in order:
+                    label = "server_ab_%s_%s_%s" % (mode, "-".join(order), arm)
+                    environment = arm_environment(arm, options.site, options.plugin_target, anchor_copy)
+                    servers[arm] = start(arm, model, options.eager, environment, workdir, out, label)
+                    facts["ready_s"][arm] = servers[arm]["ready_s"]
+                first = {}
+                for arm in order:  # one untimed round each: JIT, allocator, first graphs
+                    _, first[arm] = load_round(servers[arm]["port"], batch, pool)
+                facts["new_tokens_per_answer"] = {arm: sorted({len(o) for o in first[arm]}) for arm in order}
+                for a, b in itertools.combinations(order, 2):
+                    facts["answers_equal_%s_%s" % (a, b)] = sum(x == y for x, y in zip(first[a], first[b]))
+                cycles = by_order[order_text] = []
+                cycle_s = None
+                while True:
+                    spent = time.time() - order_began
+                    if cycle_s is not None and spent + cycle_s + 45 > share:
+                        break
+                    cycle_began, times = time.time(), {}
+                    for arm in permutations[len(cycles) % len(permutations)]:
+                        times[arm], _ = load_round(servers[arm]["port"], batch, pool)
+                    cycles.append(times)
+                    cycle_s = time.time() - cycle_began
+                    result["cycles"][order_text] = [{a: round(t, 4) for a, t in c.items()} for c in cycles]
+                    result["summary"] = summary(by_order)
+                    (out / ("server_ab_%s.json" % mode)).write_text(json.dumps(result, indent=2))
+            finally:
+                for arm, server in servers.items():
+                    facts.setdefault("stopped_clean", {})[arm] = stop(server["process"])
+                    text = server["log"].read_text(errors="replace")
+                    facts.setdefault("hotfix_lines", {})[arm] = [
+                        line for line in text.splitlines() if "sglang-hotfix-trtllm" in line
+                    ][:20]
+                    facts.setdefault("decode_graph_lines", {})[arm] = text.count("cuda graph: True")
+                    (out / (server["log"].name)).write_text(text[-60000:])
+            result["summary"] = summary(by_order)
+            (out / ("server_ab_%s.json" % mode)).write_text(json.dumps(result, indent=2))
+    print(json.dumps(result["summary"], indent=2))
+    print(json.dumps(result["orders"], indent=2)[:6000])
+
+
+if __name__ == "__main__":
+    main()
