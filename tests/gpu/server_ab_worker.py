@@ -45,14 +45,13 @@ import random
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import time
 import urllib.request
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from test_server_e2e import START_TIMEOUT, base_env, free_port, healthy, launch_server, stop  # noqa: E402
+from test_server_e2e import base_env, free_port, launch, launch_server, stop, wait_until_healthy  # noqa: E402
 
 ARMS = ("release", "hotfix", "anchor")
 BACKEND_FILE = "sglang/srt/layers/attention/trtllm_mha_backend.py"
@@ -135,20 +134,13 @@ def start(arm, model, eager, environment, workdir, out, label):
     argv = launch_server() + ["--model-path", str(model), "--port", str(port)] + FLAGS
     argv += ["--disable-cuda-graph"] if eager else ["--cuda-graph-max-bs", str(BATCH)]
     log_path = pathlib.Path(workdir) / ("%s.log" % label)
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, env=environment, start_new_session=True, cwd=workdir
-        )
-    began = time.time()
-    while time.time() - began < START_TIMEOUT:
-        if process.poll() is not None:
-            raise RuntimeError("%s died (exit %s):\n%s" % (label, process.returncode, log_path.read_text()[-4000:]))
-        if healthy(port):
-            ready = round(time.time() - began, 1)
-            return {"arm": arm, "port": port, "process": process, "log": log_path, "ready_s": ready}
-        time.sleep(1)
+    began, facts = time.time(), {}
+    process = launch(argv, environment, log_path, workdir)
+    wait_until_healthy(process, port, began, facts)
+    if "ready_s" in facts:
+        return {"arm": arm, "port": port, "process": process, "log": log_path, "ready_s": facts["ready_s"]}
     stop(process)
-    raise RuntimeError("%s not healthy in %d s:\n%s" % (label, START_TIMEOUT, log_path.read_text()[-4000:]))
+    raise RuntimeError("%s did not become healthy (%s):\n%s" % (label, facts, log_path.read_text()[-4000:]))
 
 
 def generate(port, ids):

@@ -49,7 +49,6 @@ import json
 import os
 import pathlib
 import re
-import subprocess
 import sys
 import threading
 import time
@@ -61,7 +60,8 @@ torch = pytest.importorskip("torch")
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from test_server_e2e import SERVER_FLAGS as E2E_FLAGS  # noqa: E402
-from test_server_e2e import SITE, START_TIMEOUT, WHEEL, base_env, free_port, healthy, launch_server, stop  # noqa: E402
+from test_server_e2e import SITE, WHEEL, base_env, free_port, install_target, launch, launch_server, stop  # noqa: E402
+from test_server_e2e import wait_until_healthy  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not (torch.cuda.is_available() and SITE and WHEEL),
@@ -150,15 +150,10 @@ def models(tmp_path_factory):
 @pytest.fixture(scope="module")
 def installs(tmp_path_factory):
     """The plugin in a --target folder, on the servers' PYTHONPATH (as test_server_e2e's case 2)."""
-    target = tmp_path_factory.mktemp("installs") / "target"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(target), WHEEL],
-        check=True,
-        timeout=300,
-    )
-    if not (target / "sglang_hotfix_trtllm" / "records" / "pr31667.py").is_file():
+    installed = install_target(tmp_path_factory.mktemp("installs") / "target")
+    if not (pathlib.Path(installed["target"]) / "sglang_hotfix_trtllm" / "records" / "pr31667.py").is_file():
         pytest.fail("%s has no record pr31667: rebuild the wheel from the checkout" % WHEEL)
-    return {"target": str(target)}
+    return installed
 
 
 def post(port, payload, timeout=120):
@@ -259,10 +254,7 @@ def serve(name, tmp_path, models, installs):
         argv += ["--speculative-draft-model-path", str(draft)] + speculative_flags()
     log_path = tmp_path / ("server-%s.log" % name)
     started = time.time()
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=tmp_path
-        )
+    process = launch(argv, env, log_path, tmp_path)
     facts = {
         "name": name,
         "decode_backend": decode,
@@ -274,15 +266,7 @@ def serve(name, tmp_path, models, installs):
         "exit_code": None,
     }
     try:
-        while time.time() - started < START_TIMEOUT:
-            if process.poll() is not None:
-                facts["exit_code"] = process.returncode
-                facts["died_s"] = round(time.time() - started, 1)
-                break
-            if healthy(port):
-                facts["ready_s"] = round(time.time() - started, 1)
-                break
-            time.sleep(1)
+        wait_until_healthy(process, port, started, facts)
         if facts["ready_s"] is not None:
             try:
                 facts["rounds"] = rounds(port)

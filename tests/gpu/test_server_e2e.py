@@ -81,16 +81,22 @@ def models(tmp_path_factory):
     return e2e_models.build(tmp_path_factory.mktemp("models"))
 
 
-@pytest.fixture(scope="module")
-def installs(tmp_path_factory):
-    """The plugin in a --target folder (for PYTHONPATH and `run`)."""
-    target = tmp_path_factory.mktemp("installs") / "target"
+def install_target(target, wheel=None):
+    """The plugin's wheel installed into the folder ``target`` (``pip install --target``: for
+    PYTHONPATH, SGLang's plugin loader and `run`); every server test's installs, and the server A/B."""
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(target), WHEEL],
+        [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(target)]
+        + [wheel or WHEEL],
         check=True,
         timeout=300,
     )
     return {"target": str(target)}
+
+
+@pytest.fixture(scope="module")
+def installs(tmp_path_factory):
+    """The plugin in a --target folder (for PYTHONPATH and `run`)."""
+    return install_target(tmp_path_factory.mktemp("installs") / "target")
 
 
 def free_port():
@@ -163,6 +169,27 @@ def generate(port, index):
         return json.loads(response.read())
 
 
+def launch(argv, env, log_path, cwd):
+    """The server's command in a session (a process group) of its own, its output into ``log_path``:
+    ``stop`` ends the whole group."""
+    with open(log_path, "w") as log:
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=cwd)
+
+
+def wait_until_healthy(process, port, started, facts):
+    """Until the server answers /health, dies, or START_TIMEOUT has passed since ``started``:
+    ``facts`` gets ``ready_s`` (healthy), or ``exit_code`` and ``died_s`` (died); neither: hung."""
+    while time.time() - started < START_TIMEOUT:
+        if process.poll() is not None:
+            facts["exit_code"] = process.returncode
+            facts["died_s"] = round(time.time() - started, 1)
+            return
+        if healthy(port):
+            facts["ready_s"] = round(time.time() - started, 1)
+            return
+        time.sleep(1)
+
+
 def serve(name, command, env, tmp_path, models, send_requests):
     """Start the server, wait for healthy or death, optionally send requests, stop it. Returns facts."""
     target, draft = models
@@ -174,21 +201,10 @@ def serve(name, command, env, tmp_path, models, send_requests):
         + SERVER_FLAGS
     )
     started = time.time()
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=tmp_path
-        )
+    process = launch(argv, env, log_path, tmp_path)
     facts = {"name": name, "ready_s": None, "exit_code": None, "answers": 0}
     try:
-        while time.time() - started < START_TIMEOUT:
-            if process.poll() is not None:
-                facts["exit_code"] = process.returncode
-                facts["died_s"] = round(time.time() - started, 1)
-                break
-            if healthy(port):
-                facts["ready_s"] = round(time.time() - started, 1)
-                break
-            time.sleep(1)
+        wait_until_healthy(process, port, started, facts)
         if facts["ready_s"] is not None and send_requests:
             with concurrent.futures.ThreadPoolExecutor(REQUESTS) as pool:
                 answers = list(pool.map(lambda i: generate(port, i), range(REQUESTS)))

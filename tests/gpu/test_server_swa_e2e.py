@@ -42,7 +42,6 @@ import os
 import pathlib
 import random
 import re
-import subprocess
 import sys
 import time
 import urllib.request
@@ -55,7 +54,8 @@ PROBE = HERE / "swa_probe"
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(PROBE))
 import swa_probe  # noqa: E402
-from test_server_e2e import SITE, START_TIMEOUT, WHEEL, base_env, free_port, healthy, launch_server, stop  # noqa: E402
+from test_server_e2e import SITE, WHEEL, base_env, free_port, install_target, launch, launch_server, stop  # noqa: E402
+from test_server_e2e import wait_until_healthy  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     not (torch.cuda.is_available() and SITE and WHEEL),
@@ -119,13 +119,7 @@ RESULTS = {}
 @pytest.fixture(scope="module")
 def installs(tmp_path_factory):
     """The plugin in a --target folder, on the servers' PYTHONPATH (as test_server_e2e's case 2)."""
-    target = tmp_path_factory.mktemp("installs") / "target"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(target), WHEEL],
-        check=True,
-        timeout=300,
-    )
-    return {"target": str(target)}
+    return install_target(tmp_path_factory.mktemp("installs") / "target")
 
 
 @pytest.fixture(scope="module")
@@ -236,21 +230,10 @@ def serve(name, tmp_path, models, installs, disable, flags, probe_mode, workload
     )
     log_path = tmp_path / ("server-%s.log" % name)
     started = time.time()
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=tmp_path
-        )
+    process = launch(argv, env, log_path, tmp_path)
     facts = {"name": name, "disable": disable, "flags": flags, "ready_s": None, "exit_code": None}
     try:
-        while time.time() - started < START_TIMEOUT:
-            if process.poll() is not None:
-                facts["exit_code"] = process.returncode
-                facts["died_s"] = round(time.time() - started, 1)
-                break
-            if healthy(port):
-                facts["ready_s"] = round(time.time() - started, 1)
-                break
-            time.sleep(1)
+        wait_until_healthy(process, port, started, facts)
         if facts["ready_s"] is not None:
             for workload in workloads:
                 began = time.time()
