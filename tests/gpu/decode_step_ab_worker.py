@@ -99,7 +99,7 @@ def build_case(backend_module, ForwardMode, name, device, size, generator):
     """One pool of 32 layers, one backend, 32 layers, per-layer qkv; the metadata of a normal decode."""
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
-    from fp8_scales_worker import make_backend
+    from fp8_scales_worker import paged_batch
 
     kv_dtype, k_scale, v_scale = CASES[name]
     batch, context = size["batch"], size["context"]
@@ -130,27 +130,10 @@ def build_case(backend_module, ForwardMode, name, device, size, generator):
             if kv_dtype != torch.bfloat16:
                 values = (values / scale if scale is not None else values).to(kv_dtype)
             stored[slots] = values.view(stored.dtype)
-    page_ids = torch.randperm(pages - 1, generator=generator)[: batch * (context // PAGE_SIZE)] + 1
-    page_ids = page_ids.view(batch, context // PAGE_SIZE)
-    positions = torch.arange(context)
-    req_to_token = (page_ids[:, positions // PAGE_SIZE] * PAGE_SIZE + positions % PAGE_SIZE).to(torch.int32)
-    lengths_cpu = torch.randint(1, context, (batch,), generator=generator)  # the new token included
-    out_cache_loc = req_to_token[torch.arange(batch), lengths_cpu - 1].to(torch.int64)
-    forward_batch = types.SimpleNamespace(
-        forward_mode=ForwardMode.DECODE,
-        spec_info=None,
-        batch_size=batch,
-        seq_lens=lengths_cpu.to(device),
-        seq_lens_cpu=lengths_cpu,
-        req_pool_indices=torch.arange(batch, device=device),
-        req_to_token_pool=types.SimpleNamespace(req_to_token=req_to_token.to(device)),
-        token_to_kv_pool=pool,
-        out_cache_loc=out_cache_loc.to(device),
-        encoder_lens=None,
+    shape = (batch, pages, context, (1, context))
+    backend, forward_batch, _, _ = paged_batch(
+        backend_module, ForwardMode, pool, kv_dtype, device, generator, shape, cache_loc=True
     )
-    backend = make_backend(backend_module, kv_dtype, device)
-    backend.token_to_kv_pool = pool
-    backend.init_forward_metadata(forward_batch)
     width = (Q_HEADS + 2 * KV_HEADS) * HEAD_DIM
     qkv = [torch.randn(batch, width, generator=generator).to(torch.bfloat16).to(device) for _ in range(LAYERS)]
     q_size, kv_size = Q_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM

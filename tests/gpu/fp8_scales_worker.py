@@ -78,6 +78,39 @@ def make_backend(backend_module, kv_dtype, device):
     return backend
 
 
+def paged_batch(backend_module, ForwardMode, pool, kv_dtype, device, generator, shape, mode="decode", cache_loc=False):
+    """SGLang's backend over ``pool`` with the metadata of one forward batch, as the GPU workers
+    share it: ``shape`` = (batch, pages, context, (low, high)); the requests' pages drawn at random
+    from ``generator`` (page 0 is the pool's padding), then each request's length in [low, high)
+    (the new token included); a decode batch, or target verify; ``cache_loc``: the new tokens'
+    slots as ``out_cache_loc`` (a KV write), else None. Returns (backend, forward batch,
+    req_to_token on the device, the lengths on the CPU)."""
+    batch, pages, context, (low, high) = shape
+    page_ids = torch.randperm(pages - 1, generator=generator)[: batch * (context // PAGE_SIZE)] + 1
+    page_ids = page_ids.view(batch, context // PAGE_SIZE)
+    positions = torch.arange(context)
+    req_to_token = (page_ids[:, positions // PAGE_SIZE] * PAGE_SIZE + positions % PAGE_SIZE).to(torch.int32)
+    lengths_cpu = torch.randint(low, high, (batch,), generator=generator)
+    out_cache_loc = req_to_token[torch.arange(batch), lengths_cpu - 1].to(torch.int64) if cache_loc else None
+    req_to_token = req_to_token.to(device)
+    forward_batch = types.SimpleNamespace(
+        forward_mode=ForwardMode.TARGET_VERIFY if mode == "target_verify" else ForwardMode.DECODE,
+        spec_info=None,
+        batch_size=batch,
+        seq_lens=lengths_cpu.to(device),
+        seq_lens_cpu=lengths_cpu,
+        req_pool_indices=torch.arange(batch, device=device),
+        req_to_token_pool=types.SimpleNamespace(req_to_token=req_to_token),
+        token_to_kv_pool=pool,
+        out_cache_loc=None if out_cache_loc is None else out_cache_loc.to(device),
+        encoder_lens=None,
+    )
+    backend = make_backend(backend_module, kv_dtype, device)
+    backend.token_to_kv_pool = pool
+    backend.init_forward_metadata(forward_batch)
+    return backend, forward_batch, req_to_token, lengths_cpu
+
+
 def run_case(backend_module, ForwardMode, name, device, generator):
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
@@ -102,27 +135,11 @@ def run_case(backend_module, ForwardMode, name, device, generator):
     dequantized_k = k_stored.float() * (k_scale if kv_dtype == FP8 else 1.0)
     dequantized_v = v_stored.float() * (v_scale if kv_dtype == FP8 else 1.0)
 
-    pages = torch.randperm(PAGES - 1, generator=generator)[: BATCH * (MAX_CONTEXT // PAGE_SIZE)] + 1
-    pages = pages.view(BATCH, MAX_CONTEXT // PAGE_SIZE)
-    positions = torch.arange(MAX_CONTEXT)
-    req_to_token = (pages[:, positions // PAGE_SIZE] * PAGE_SIZE + positions % PAGE_SIZE).to(torch.int32).to(device)
     q_len = DRAFT_TOKENS if mode == "target_verify" else 1
-    lengths_cpu = torch.randint(1, MAX_CONTEXT - q_len, (BATCH,), generator=generator)
-    backend = make_backend(backend_module, kv_dtype, device)
-    batch = types.SimpleNamespace(
-        forward_mode=ForwardMode.TARGET_VERIFY if mode == "target_verify" else ForwardMode.DECODE,
-        spec_info=None,
-        batch_size=BATCH,
-        seq_lens=lengths_cpu.to(device),
-        seq_lens_cpu=lengths_cpu,
-        req_pool_indices=torch.arange(BATCH, device=device),
-        req_to_token_pool=types.SimpleNamespace(req_to_token=req_to_token),
-        token_to_kv_pool=pool,
-        out_cache_loc=None,
-        encoder_lens=None,
+    shape = (BATCH, PAGES, MAX_CONTEXT, (1, MAX_CONTEXT - q_len))
+    backend, batch, req_to_token, lengths_cpu = paged_batch(
+        backend_module, ForwardMode, pool, kv_dtype, device, generator, shape, mode
     )
-    backend.token_to_kv_pool = pool
-    backend.init_forward_metadata(batch)
     q = torch.randn(BATCH * q_len, Q_HEADS * HEAD_DIM, generator=generator).to(torch.bfloat16).to(device)
     method = backend.forward_extend if mode == "target_verify" else backend.forward_decode
     try:

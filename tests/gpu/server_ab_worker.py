@@ -51,7 +51,7 @@ import urllib.request
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from test_server_e2e import base_env, free_port, launch, launch_server, stop, wait_until_healthy  # noqa: E402
+from test_server_e2e import BASE_FLAGS, base_env, free_port, launch, launch_server, stop, wait_until_healthy  # noqa: E402
 
 ARMS = ("release", "hotfix", "anchor")
 BACKEND_FILE = "sglang/srt/layers/attention/trtllm_mha_backend.py"
@@ -79,16 +79,8 @@ FLAGS = [
     "--load-format",
     "dummy",
     "--skip-tokenizer-init",
-    "--attention-backend",
-    "triton",
-    "--prefill-attention-backend",
-    "triton",
     "--decode-attention-backend",
     "trtllm_mha",
-    "--sampling-backend",
-    "pytorch",
-    "--grammar-backend",
-    "none",
     "--disable-radix-cache",
     "--mem-fraction-static",
     "0.5",
@@ -96,11 +88,7 @@ FLAGS = [
     "65536",
     "--max-running-requests",
     str(BATCH),
-    "--host",
-    "127.0.0.1",
-    "--log-level",
-    "info",
-]
+] + BASE_FLAGS
 
 
 def model_folder(root):

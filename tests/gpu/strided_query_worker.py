@@ -56,7 +56,7 @@ from cuda_graph_worker import (  # noqa: E402
     radix_layer,
     use_kernel,
 )
-from fp8_scales_worker import make_backend  # noqa: E402
+from fp8_scales_worker import paged_batch  # noqa: E402
 
 BATCH = 16
 MAX_CONTEXT = 1024
@@ -157,26 +157,10 @@ def run(backend_module, ForwardMode, device):
     pool.set_kv_buffer(layer, slots, k, v, layer.k_scale, layer.v_scale)
     k_stored, v_stored = pool.get_kv_buffer(0)
 
-    pages = torch.randperm(PAGES - 1, generator=generator)[: BATCH * (MAX_CONTEXT // PAGE_SIZE)] + 1
-    pages = pages.view(BATCH, MAX_CONTEXT // PAGE_SIZE)
-    positions = torch.arange(MAX_CONTEXT)
-    req_to_token = (pages[:, positions // PAGE_SIZE] * PAGE_SIZE + positions % PAGE_SIZE).to(torch.int32).to(device)
-    lengths_cpu = torch.randint(MIN_KEYS, MAX_CONTEXT, (BATCH,), generator=generator)
-    backend = make_backend(backend_module, torch.bfloat16, device)
-    batch = types.SimpleNamespace(
-        forward_mode=ForwardMode.DECODE,
-        spec_info=None,
-        batch_size=BATCH,
-        seq_lens=lengths_cpu.to(device),
-        seq_lens_cpu=lengths_cpu,
-        req_pool_indices=torch.arange(BATCH, device=device),
-        req_to_token_pool=types.SimpleNamespace(req_to_token=req_to_token),
-        token_to_kv_pool=pool,
-        out_cache_loc=None,
-        encoder_lens=None,
+    shape = (BATCH, PAGES, MAX_CONTEXT, (MIN_KEYS, MAX_CONTEXT))
+    backend, batch, req_to_token, lengths_cpu = paged_batch(
+        backend_module, ForwardMode, pool, torch.bfloat16, device, generator, shape
     )
-    backend.token_to_kv_pool = pool
-    backend.init_forward_metadata(batch)
 
     # The query as Llama-family attention hands it over: a view into the fused QKV projection.
     widths = [Q_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM]

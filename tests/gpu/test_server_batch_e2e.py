@@ -60,7 +60,7 @@ torch = pytest.importorskip("torch")
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from test_server_e2e import SERVER_FLAGS as E2E_FLAGS  # noqa: E402
-from test_server_e2e import SITE, WHEEL, base_env, free_port, install_target, launch, launch_server, stop  # noqa: E402
+from test_server_e2e import BASE_FLAGS, SITE, WHEEL, base_env, free_port, install_target, launch, launch_server, stop  # noqa: E402
 from test_server_e2e import wait_until_healthy  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
@@ -82,26 +82,14 @@ PROMPTS = [
     "verifies them with a large one. The quick",
 ]
 FLAGS = [
-    "--attention-backend",
-    "triton",
-    "--prefill-attention-backend",
-    "triton",
-    "--sampling-backend",
-    "pytorch",
-    "--grammar-backend",
-    "none",
     "--cuda-graph-max-bs",
     "8",
     "--disable-radix-cache",
     "--mem-fraction-static",
     "0.3",
-    "--host",
-    "127.0.0.1",
-    "--log-level",
-    "info",
     "--decode-log-interval",
     "1",  # one line per decode batch: its size and whether it ran on a CUDA graph
-]
+] + BASE_FLAGS
 
 
 def speculative_flags():

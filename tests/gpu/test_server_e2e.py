@@ -37,6 +37,23 @@ pytestmark = pytest.mark.skipif(
 HERE = pathlib.Path(__file__).resolve().parent
 START_TIMEOUT = 300
 REQUESTS = 12
+# What every server of these tests runs with (the server A/B's too): prefill on triton (SGLang 0.5.12
+# refuses trtllm_mha prefill below SM100), sampling and grammar without kernels to build, on the
+# loopback, logging at INFO (the hotfix's lines).
+BASE_FLAGS = [
+    "--attention-backend",
+    "triton",
+    "--prefill-attention-backend",
+    "triton",
+    "--sampling-backend",
+    "pytorch",
+    "--grammar-backend",
+    "none",
+    "--host",
+    "127.0.0.1",
+    "--log-level",
+    "info",
+]
 SERVER_FLAGS = [
     "--speculative-algorithm",
     "EAGLE3",
@@ -46,27 +63,15 @@ SERVER_FLAGS = [
     "1",
     "--speculative-num-draft-tokens",
     "4",
-    "--attention-backend",
-    "triton",
-    "--prefill-attention-backend",
-    "triton",
     "--decode-attention-backend",
     "trtllm_mha",
-    "--sampling-backend",
-    "pytorch",
-    "--grammar-backend",
-    "none",
     "--cuda-graph-max-bs",
     "4",
     "--mem-fraction-static",
     "0.3",
-    "--host",
-    "127.0.0.1",
-    "--log-level",
-    "info",
     "--decode-log-interval",
     "1",  # one line per decode batch: shows which batch sizes ran on a CUDA graph
-]
+] + BASE_FLAGS
 # The hotfix's line, in its own format before SGLang configures logging, in SGLang's after.
 PATCHED_LINE = re.compile(r"^.*\bpatched sglang\.srt\.layers\.attention\.trtllm_mha_backend\..*PR #26521.*$", re.M)
 # With --tp 1 the scheduler is the one process that imports the backend.

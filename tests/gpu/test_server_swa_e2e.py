@@ -54,7 +54,7 @@ PROBE = HERE / "swa_probe"
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(PROBE))
 import swa_probe  # noqa: E402
-from test_server_e2e import SITE, WHEEL, base_env, free_port, install_target, launch, launch_server, stop  # noqa: E402
+from test_server_e2e import BASE_FLAGS, SITE, WHEEL, base_env, free_port, install_target, launch, launch_server, stop  # noqa: E402
 from test_server_e2e import wait_until_healthy  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
@@ -71,10 +71,6 @@ FLAGS = [
     "1",
     "--speculative-num-draft-tokens",
     "4",
-    "--attention-backend",
-    "triton",
-    "--prefill-attention-backend",
-    "triton",
     "--decode-attention-backend",
     "trtllm_mha",
     "--moe-runner-backend",
@@ -83,20 +79,12 @@ FLAGS = [
     "4096",
     "--max-total-tokens",
     "8192",
-    "--sampling-backend",
-    "pytorch",
-    "--grammar-backend",
-    "none",
     "--mem-fraction-static",
     "0.3",
-    "--host",
-    "127.0.0.1",
-    "--log-level",
-    "info",
     "--decode-log-interval",
     "1",
     "--enable-metrics",
-]
+] + BASE_FLAGS
 EAGER = ["--disable-cuda-graph"]  # the probe then sees every draft-decode call
 GRAPHS = ["--cuda-graph-max-bs", "12"]  # every batch of the 12 requests runs on a captured graph
 WAVES, WAVE_SIZE, PROMPT_TOKENS, WAVE_NEW_TOKENS = 6, 6, (680, 720), 64
