@@ -19,7 +19,9 @@ repairs are made and SGLang's method called with their query; if a record repair
 the call is noted (the backend, the layer, the query the method is called with, the forward batch,
 the records that need to repair it) for its duration, and the module's global ``flashinfer``
 becomes the gate if it is not yet (``patch.arm_gates``). The gate passes FlashInfer through, but a
-kernel call made by the noted method gets each needed record's repair in turn; a repair that cannot
+kernel call made by the noted method, or by a function defined in it (0.5.16's to 0.5.18's
+``forward_extend`` calls the context kernel from its nested ``_trtllm_context_attn``, twice under
+0.5.16's context parallelism), gets each needed record's repair in turn; a repair that cannot
 be computed is skipped with its record's warning (that call is then as with that record off). Once
 the kernel is called with the repaired arguments, what it raises propagates, as upstream's call
 would.
@@ -77,7 +79,7 @@ class Call:
         self.backend, self.q, self.layer, self.forward_batch = backend, q, layer, forward_batch
         self.needed = needed  # the records that repair this call at the kernel, in the order applied
         self.hotfixes = hotfixes  # their Hotfix objects (the gate is armed through them)
-        self.used = False  # one kernel call per method call: a second one passes through
+        self.used = False  # a kernel call of the method's own got the repairs (further ones: _GatedKernel)
         self.kernel = None  # the name of the kernel being called, once the gate sees the call
 
 
@@ -192,8 +194,9 @@ def _run_noted_call(module, wrapped, args, kwargs, call):
     finally:
         _current_call.reset(token)
     if not call.used and gate._self_hotfix_on:
-        # Every release these records accept calls one kernel per call, from the method itself,
-        # through the module's ``flashinfer``: a call that returned without its kernel call passing
+        # Every release these records accept calls a kernel in every call, from the method itself
+        # (or a function it defines), through the module's ``flashinfer``: a call that returned
+        # without its kernel call passing
         # the gate reached the kernel some other way (the global replaced after the gate went in,
         # a proxy over it), unrepaired. (With the gate off, remove() ran during the call: it ran as
         # with the records off, as the operator asked.)
@@ -292,18 +295,31 @@ def _stand_in_for(stand_in, kernel):
     stand_in.__dict__["__wrapped__"] = kernel
 
 
-# what wrapt calls (SGLang's function, kept alive by the wrapper anyway) -> the code object below it:
+# what wrapt calls (SGLang's function, kept alive by the wrapper anyway) -> the code objects below it:
 # a plain dict, read at every repaired kernel call
 _codes = {}
 _FUNCTION = type(lambda: None)
+_CODE = type((lambda: None).__code__)
 
 
-def _method_code(function):
-    """The code object of SGLang's method under ``function`` (the method wrapt calls, or a wrapper
-    below the hotfix's that names it through ``__wrapped__``, as ``functools.wraps`` does); None
-    where a wrapper below hides it (the gate then repairs the call's first kernel call, as it
-    did before it could tell who is calling). Found once per function: every repaired kernel
-    call asks."""
+def _with_nested(code):
+    """``code`` and the code of every function defined in it, at any depth (``co_consts``): the
+    code that runs when SGLang's method calls a function it defines, as 0.5.16's to 0.5.18's
+    ``forward_extend`` calls the kernel from its nested ``_trtllm_context_attn``."""
+    found, todo = [], [code]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(c for c in current.co_consts if type(c) is _CODE)
+    return frozenset(found)
+
+
+def _method_codes(function):
+    """The code objects of SGLang's method under ``function`` (the method wrapt calls, or a wrapper
+    below the hotfix's that names it through ``__wrapped__``, as ``functools.wraps`` does) and of
+    the functions nested in it (``_with_nested``); None where a wrapper below hides it (the gate
+    then repairs the call's first kernel call, as it did before it could tell who is calling).
+    Found once per function: every repaired kernel call asks."""
     function = getattr(function, "__func__", function)
     # Only a plain function is a key: a proxy (wrapt's partial for a call through the class holds
     # the instance) would keep the backend and its buffers alive here.
@@ -317,9 +333,10 @@ def _method_code(function):
             break
         found = getattr(below, "__func__", below)
     code = getattr(found, "__code__", None)
+    codes = _with_nested(code) if type(code) is _CODE else None
     if cacheable:
-        _codes[function] = code
-    return code
+        _codes[function] = codes
+    return codes
 
 
 class _GatedKernel:
@@ -332,20 +349,28 @@ class _GatedKernel:
 
     def __call__(self, *args, **kwargs):
         call = _current_call.get()
-        if call is None or call.used or not self.gate._self_hotfix_on:
+        if call is None or not self.gate._self_hotfix_on:
             return self.kernel(*args, **kwargs)  # nothing to repair here, or remove() turned it off
-        if args:
+        codes = _method_codes(call.function)
+        if call.used:
+            # A further kernel call in the same method call: repaired only when SGLang's method (or
+            # a function it defines) makes it, by keywords: 0.5.16's context parallelism calls the
+            # nested ``_trtllm_context_attn`` once per half of the batch. Anything else passes
+            # through, and so does every further call where the caller cannot be told (a wrapper
+            # below hides the method): there only the first kernel call is repaired.
+            if args or codes is None or sys._getframe(1).f_code not in codes:
+                return self.kernel(*args, **kwargs)
+        elif args:
             # SGLang's own calls pass keywords only (the records pin them): a positional call comes
             # from someone else's code between the gate and the kernel. Stand aside, and say so.
             call.used, call.kernel = True, self.name
             _skipped(call, TypeError("the kernel was called with %d positional argument(s)" % len(args)), "positional")
             return self.kernel(*args, **kwargs)
-        code = _method_code(call.function)
-        if code is not None and sys._getframe(1).f_code is not code:
-            # Not SGLang's method calling: other code running inside the call (a hook or a checker
-            # calling FlashInfer itself, a proxy put over the module's global) gets its own
-            # arguments; the method's own kernel call gets the repair, and a method that returns
-            # without one is said (_run_noted_call).
+        elif codes is not None and sys._getframe(1).f_code not in codes:
+            # Not SGLang's method calling (nor a function it defines): other code running inside
+            # the call (a hook or a checker calling FlashInfer itself, a proxy put over the module's
+            # global) gets its own arguments; the method's own kernel calls get the repair, and a
+            # method that returns without one is said (_run_noted_call).
             return self.kernel(*args, **kwargs)
         call.used, call.kernel = True, self.name
         for name in call.needed:  # each its own argument: the order changes nothing the kernel gets
