@@ -1,14 +1,18 @@
 """Record encoder_only_mask: ``ENCODER_ONLY`` layers prefilled with SGLang 0.5.22's ``causal``.
 
-Differential, on CPU (``fp8_cases``): each release the record repairs (0.5.11 to 0.5.15.post1),
+Differential, on CPU (``fp8_cases``): each release the record repairs (0.5.11 to 0.5.18),
 its own ``forward_extend`` and ``forward_decode`` compiled from its file, FlashInfer's kernels
 recorded, against the oracle: the same release with 0.5.22's ``causal=layer.attn_type !=
 AttentionType.ENCODER_ONLY`` (taken from 0.5.22's call) added to its context-kernel call. Decoder
 and encoder-only layers, extend and target verify, both KV dtypes, XQA both ways, with and without
 pr28144 where it repairs the same call (to 0.5.13.post1: the oracle then has both upstream
 changes). 0.5.14 on quantize the extend query with sgl-kernel's ``scaled_fp8_quant`` (a recorded
-stand-in here, as the kernels are) and write through the release's own ``KVWriteLoc``. Every tensor the
-kernel receives is compared in dtype, shape, strides, storage offset and values.
+stand-in here, as the kernels are) and write through the release's own ``KVWriteLoc``. 0.5.16 on
+call the kernel from ``_trtllm_context_attn``, nested in ``forward_extend``: extend runs with and
+without context parallelism (the release's own zigzag ``run_attention``, which calls the nested
+function twice in 0.5.16, once later; its K/V gather across ranks recorded), the fused FP8 write
+through the JIT ``fused_fp8_qkv_kv_cache`` (recorded). Every tensor the kernel receives is compared
+in dtype, shape, strides, storage offset and values.
 
 The oracle passes ``causal=True`` for a decoder layer where the release passes nothing: FlashInfer's
 default (``causal: bool = True`` in every FlashInfer that takes the argument, 0.6.11.post1 on), so
@@ -19,6 +23,7 @@ the published wheels at test time, 0.6.8.post1 without the argument, 0.6.11.post
 ``status`` in a fresh process.
 """
 
+import ast
 import dataclasses
 import subprocess
 import sys
@@ -36,23 +41,31 @@ from sglang_hotfix_trtllm.records import encoder_only_mask, pr28144, pr31667
 HOTFIX = encoder_only_mask.HOTFIX
 TABLE = release_selection.table(HOTFIX)
 AFFECTED = release_selection.with_verdict(HOTFIX)
-RELEASES = release_selection.selected(AFFECTED, ("0.5.12", "0.5.14", "0.5.15"))
+RELEASES = release_selection.selected(AFFECTED, ("0.5.12", "0.5.14", "0.5.15", "0.5.16", "0.5.17"))
 FIXED_IN = "0.5.22"
 CONTEXT = "prefill.trtllm_batch_context_with_kv_cache"
+# From 0.5.16 the context kernel is called from _trtllm_context_attn, nested in forward_extend, and
+# under context parallelism from the zigzag strategy's run_attention (0.5.16: once per half).
+NESTED = [r for r in RELEASES if Version(r) >= Version("0.5.16")]
 
 
-def test_the_records_affected_releases_are_0_5_11_to_0_5_15_post1():
+def test_the_records_affected_releases_are_0_5_11_to_0_5_18():
     assert AFFECTED == ["0.5.11", "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1"] + [
         "0.5.14",
         "0.5.15",
         "0.5.15.post1",
+        "0.5.16",
+        "0.5.17",
+        "0.5.18",
     ]
 
 
 def _cases(release, every_layout=False):
     """Extend and target verify, plain scales (the scales are pr28144's: crossed with it below),
-    each as a decoder and as an encoder-only layer; ``every_layout``: decode too, and strided
+    each as a decoder and as an encoder-only layer; from 0.5.16, extend with context parallelism
+    too (the release's own zigzag ``run_attention``); ``every_layout``: decode too, and strided
     queries (pr31667's calls)."""
+    context_parallel = Version(release) >= Version("0.5.16")
     chosen = {}
     for name, case in fp8_cases.cases(release).items():
         if not every_layout and (case.mode == "decode" or case.layout != "packed"):
@@ -61,6 +74,10 @@ def _cases(release, every_layout=False):
             continue
         for attn_type in ("DECODER", "ENCODER_ONLY"):
             chosen["%s-%s" % (name, attn_type)] = dataclasses.replace(case, name=name, attn_type=attn_type)
+            if context_parallel and case.mode == "extend":
+                chosen["%s-cp-%s" % (name, attn_type)] = dataclasses.replace(
+                    case, name=name, attn_type=attn_type, cp=True
+                )
     return chosen
 
 
@@ -120,7 +137,46 @@ def test_patched_release_equals_the_oracle_on_every_case(release):
     encoder_only_extend = [
         n for n, c in _cases(release).items() if c.attn_type == "ENCODER_ONLY" and c.mode == "extend"
     ]
-    assert all(dict(patched[n])[CONTEXT]["causal"] is False for n in encoder_only_extend)
+    for name in encoder_only_extend:
+        causal = [arguments.get("causal") for kernel, arguments in patched[name] if kernel == CONTEXT]
+        assert causal and all(value is False for value in causal), (name, causal)
+
+
+def _context_calls(calls):
+    return [arguments for kernel, arguments in calls if kernel == CONTEXT]
+
+
+@pytest.mark.parametrize("release", NESTED)
+def test_from_0_5_16_the_nested_context_call_is_repaired_every_time_context_parallelism_makes_it(release):
+    """The kernel calls the repair must reach: one context call from the nested function without
+    context parallelism; with it, 0.5.16's zigzag makes two (one per half), 0.5.17 on one (both
+    halves as one batch, zigzag's page table). Each gets causal=False, with and without a KV write."""
+    cases = _cases(release)
+    patched = _with_records(release, (HOTFIX,))
+    expected_cp_calls = 2 if release == "0.5.16" else 1
+    cp_cases = [n for n, c in cases.items() if c.cp]
+    assert cp_cases and {c.save_kv_cache for c in cases.values() if c.cp} == {True, False}
+    for name, case in cases.items():
+        if case.mode != "extend":
+            assert _context_calls(patched[name]) == []
+            continue
+        calls = _context_calls(patched[name])
+        assert len(calls) == (expected_cp_calls if case.cp else 1), name
+        if case.attn_type == "ENCODER_ONLY":
+            assert all(call["causal"] is False for call in calls), name
+        else:
+            assert all("causal" not in call for call in calls), name
+
+
+@pytest.mark.parametrize("release", NESTED)
+def test_from_0_5_16_no_other_record_patches_forward_extend(release):
+    """The composition to prove on these releases: every other record is fixed, not applicable or
+    only reported there (pr28144, pr31667 fixed by 0.5.16; xqa_workspace from 0.5.19)."""
+    from sglang_hotfix_trtllm.records import catalog
+
+    tree = ast.parse((release_selection.release_dir(release) / fp8_cases.BACKEND).read_text(encoding="utf-8"))
+    patching = [h.name for h in catalog.HOTFIXES if h.classify(tree).verdict.value == "affected"]
+    assert patching == ["encoder_only_mask"]
 
 
 # pr28144 repairs the same kernel call up to 0.5.13.post1 (0.5.14 carries upstream's scales).
@@ -198,3 +254,30 @@ def test_with_pr31667_both_upstream_changes_arrive_on_every_mode_and_layout(rele
     oracle = _oracle(release, scales=False, packed_query=True)
     assert len(oracle) > len(_cases(release))
     assert {name for name in oracle if patched[name] != oracle[name]} == set()
+
+
+# The FlashInfer each release from 0.5.16 pins (its wheel's Requires-Dist).
+PINNED_FLASHINFER = {"0.5.16": "0.6.14", "0.5.17": "0.6.15.post1", "0.5.18": "0.6.17"}
+
+
+@pytest.mark.parametrize("release", sorted(PINNED_FLASHINFER))
+def test_the_flashinfer_0_5_16_to_0_5_18_pin_takes_causal_defaulting_to_the_causal_mask(release):
+    """What the repair and the comparison rest on there: the pinned FlashInfer's context kernel takes
+    ``causal`` (the record's own check says so) and defaults it to True (so a decoder layer's call
+    without it is 0.5.22's ``causal=True``)."""
+    folder = _flashinfer_prefill(PINNED_FLASHINFER[release])
+    text = (folder / "flashinfer" / "prefill.py").read_text(encoding="utf-8")
+    (kernel,) = [
+        n
+        for n in ast.walk(ast.parse(text))
+        if isinstance(n, ast.FunctionDef) and n.name == encoder_only_mask.CONTEXT_KERNEL
+    ]
+    arguments = kernel.args
+    defaults = dict(
+        zip([a.arg for a in arguments.args][len(arguments.args) - len(arguments.defaults) :], arguments.defaults)
+    )
+    defaults.update({a.arg: d for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults) if d is not None})
+    assert ast.unparse(defaults["causal"]) == "True"
+    assert encoder_only_mask._CONTEXT_SIGNATURE.search(
+        text
+    ) and "causal" in encoder_only_mask._CONTEXT_SIGNATURE.search(text).group(1)

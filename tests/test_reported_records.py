@@ -1,6 +1,6 @@
 """The records of SGLang 0.5.22's fixes that report a bug where they cannot repair it:
 xqa_draft_extend (EAGLE/MTP draft extend on XQA: reported wherever it runs) and encoder_only_mask
-(ENCODER_ONLY layers prefilled causal: repaired on 0.5.11 to 0.5.15.post1, test_encoder_only_mask;
+(ENCODER_ONLY layers prefilled causal: repaired on 0.5.11 to 0.5.18, test_encoder_only_mask;
 reported on the other releases with the bug). docs/records.md says why.
 
 Verdicts: every release of the shipped tables from its own source. ``fixed`` is 0.5.22's change in
@@ -36,7 +36,7 @@ FIRST_WITH_THE_BUG = {
 RECORDS = {record.NAME: record for record in FIRST_WITH_THE_BUG}
 
 
-REPAIRED = {encoder_only_mask: ("0.5.11", "0.5.16")}  # record -> [first, end) of the releases it repairs
+REPAIRED = {encoder_only_mask: ("0.5.11", "0.5.19")}  # record -> [first, end) of the releases it repairs
 
 
 def expected_verdict(record, release):
@@ -248,11 +248,18 @@ def test_an_unrepairable_release_is_not_protected_and_says_what_fixes_it():
             0,
             "PROTECTED: SGLang 0.5.19 has the bugs of record xqa_workspace;",
         ),
+        # 0.5.17: encoder_only_mask repairs (0.5.16 to 0.5.18), xqa_draft_extend only reports
+        (
+            "0.5.17",
+            "xqa_draft_extend",
+            0,
+            "PROTECTED: SGLang 0.5.17 has the bugs of record encoder_only_mask;",
+        ),
         (
             "0.5.17",
             "encoder_only_mask,xqa_draft_extend",
-            0,
-            "NOTHING TO DO: SGLang 0.5.17; record encoder_only_mask, xqa_draft_extend turned off",
+            1,
+            "NOT PROTECTED: SGLang 0.5.17: record encoder_only_mask would run unpatched",
         ),
         # one of the two still runs: still NOT PROTECTED, naming only that one
         ("0.5.19", "encoder_only_mask", 1, "NOT PROTECTED: SGLang 0.5.19: record xqa_draft_extend would run"),

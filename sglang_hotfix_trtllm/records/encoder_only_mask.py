@@ -15,28 +15,30 @@ layer.attn_type == AttentionType.ENCODER_ONLY else "causal")``. Who: BERT-family
 ``trtllm_mha`` by default on SM100 from 0.5.7 (any release with ``--attention-backend
 trtllm_mha``): each token attends only to those before it, so embeddings and scores are wrong.
 
-Repaired on SGLang 0.5.11 to 0.5.15.post1's code (``AFFECTED``), through FlashInfer's kernel call
-site (``trtllm_kernel_site``, shared with pr28144 and pr31667): a ``forward_extend`` call whose
-layer is ``ENCODER_ONLY`` is noted, and the context kernel called inside it gets ``causal=False``,
-what 0.5.22's argument is for that layer; every other argument is SGLang's own object, and every
-other call (a decoder layer: 0.5.22's ``causal=True`` is the kernel's default) runs SGLang's
-method alone. The decode kernel (target verify) gets nothing new, as in 0.5.22.
+Repaired on SGLang 0.5.11 to 0.5.18's code (``AFFECTED``), through FlashInfer's kernel call site
+(``trtllm_kernel_site``, shared with pr28144 and pr31667): a ``forward_extend`` call whose layer is
+``ENCODER_ONLY`` is noted, and each context-kernel call it makes gets ``causal=False``, what 0.5.22's
+argument is for that layer; every other argument is SGLang's own object, and every other call (a
+decoder layer: 0.5.22's ``causal=True`` is the kernel's default) runs SGLang's method alone. The
+decode kernel (target verify) gets nothing new, as in 0.5.22. From 0.5.16 the kernel is called from
+``_trtllm_context_attn``, a function nested in ``forward_extend``: the site counts a call made by a
+function the method defines as the method's own, and repairs each such call, so 0.5.16's context
+parallelism (its zigzag strategy calls the nested function once per half of the batch) gets
+``causal=False`` on both calls, as the nested call with 0.5.22's argument would.
 
-FlashInfer must take the argument: the FlashInfer that 0.5.12 to 0.5.15.post1 pin does (0.6.11.post1
-on), 0.5.11's (0.6.8.post1) does not (its launcher hard-codes the causal mask). So for the
-installed SGLang the verdict also reads the installed FlashInfer's ``prefill.py`` (``Hotfix.environment``):
-where its context kernel has no ``causal`` parameter the verdict is ``unrepairable``, naming it.
+FlashInfer must take the argument: the FlashInfer that 0.5.12 to 0.5.18 pin does (0.6.11.post1 on;
+0.5.16 to 0.5.18 pin 0.6.14, 0.6.15.post1 and 0.6.17, each with ``causal: bool = True``), 0.5.11's
+(0.6.8.post1) does not (its launcher hard-codes the causal mask). So for the installed SGLang the
+verdict also reads the installed FlashInfer's ``prefill.py`` (``Hotfix.environment``): where its
+context kernel has no ``causal`` parameter the verdict is ``unrepairable``, naming it.
 
 Not repaired (``unrepairable``, the release that fixes it named): 0.5.1 to 0.5.10, whose pinned
-FlashInfer has no non-causal context kernel, and 0.5.16 to 0.5.21, where FlashInfer takes the
-argument but the kernel is called from ``_trtllm_context_attn``, a function nested in
-``forward_extend`` (twice per call under context parallelism), and from 0.5.19 on SM90/SM120 also
-through fmha_v2's ``mask_mode``: the shared site repairs a method's own kernel call only.
+FlashInfer has no non-causal context kernel, and 0.5.19 to 0.5.21 (``_NOT_BUILT``).
 
-Verdicts, from the live ``forward_extend``: ``affected`` for 0.5.11 to 0.5.15.post1's fingerprints
+Verdicts, from the live ``forward_extend``: ``affected`` for 0.5.11 to 0.5.18's fingerprints
 with ``flashinfer`` bound once, nothing but ``forward_decode`` and ``forward_extend`` reaching a
 kernel, and every class method they call a known release's; ``unrepairable`` for the fingerprints
-of 0.5.1 to 0.5.10 and 0.5.16 to 0.5.21 (``UNREPAIRABLE``); ``fixed`` when every context-kernel
+of 0.5.1 to 0.5.10 and 0.5.19 to 0.5.21 (``UNREPAIRABLE``); ``fixed`` when every context-kernel
 call passes 0.5.22's ``causal`` and every fmha_v2 call its ``mask_mode`` (0.5.22 on); ``unknown``
 otherwise.
 """
@@ -66,12 +68,13 @@ UPSTREAM_ARGUMENTS = {
 
 _PINNED_CAUSAL_ONLY = (
     "with the FlashInfer this release pins (no causal argument; its launcher hard-codes the causal mask) no "
-    "argument gives upstream's attention, and this version repairs only SGLang 0.5.11 to 0.5.15.post1's code"
+    "argument gives upstream's attention, and this version repairs only SGLang 0.5.11 to 0.5.18's code"
 )
 _NOT_BUILT = (
-    "the pinned FlashInfer takes 0.5.22's arguments, but this release calls the kernel from a function nested in "
-    "forward_extend (twice per call under context parallelism; from 0.5.19 also fmha_v2 with its mask_mode on "
-    "SM90/SM120), and this version's kernel-call site repairs only a method's own kernel call"
+    "the pinned FlashInfer (0.6.18) takes 0.5.22's arguments, but on SM90/SM120 this release prefills with fmha_v2, "
+    "whose mask_mode this version's kernel-call site does not repair (it hands fmha_v2 only record xqa_workspace's "
+    "workspace, and SGLang passes fmha_v2 its (q, paged_kv) positionally), and its _run_fixed_q_len_decode calls "
+    "the decode kernel from outside the two methods the site watches"
 )
 # forward_extend of the releases with the bug this version repairs (SGLang 0.5.11's pinned FlashInfer
 # lacks the argument: ``flashinfer_problem`` says so for the installed one).
@@ -80,11 +83,31 @@ AFFECTED = {
     "ast1:a230c20003012edf": "0.5.13 to 0.5.13.post1",
     "ast1:23f0c5516073f00a": "0.5.14 (FlashInfer 0.6.12; the query quantized by _maybe_quantize_q)",
     "ast1:2b30e4d3df0ce7c1": "0.5.15 to 0.5.15.post1",
+    # The context kernel called from _trtllm_context_attn, nested in forward_extend (the site repairs
+    # a kernel call of a function the method defines: trtllm_kernel_site._method_codes).
+    "ast1:4ad5c50d4b93e383": "0.5.16 (FlashInfer 0.6.14; under context parallelism the nested function runs twice)",
+    "ast1:23f9337ee95778ca": "0.5.17 (FlashInfer 0.6.15.post1)",
+    "ast1:b67ea40bc44f7dcd": "0.5.18 (FlashInfer 0.6.17)",
+}
+# The methods of the class 0.5.16 to 0.5.18's forward_decode and forward_extend call, by fingerprint
+# (read from those releases; none of them reaches flashinfer: routes.kernel_route_problem).
+_HELPERS_0_5_16 = {
+    "_fused_fp8_qkv_kv_cache": frozenset(
+        ("ast1:9bd4f8db2de4cc16", "ast1:d72013d427e38d95", "ast1:56c55f70b7ab9c40")  # 0.5.16, 0.5.17, 0.5.18
+    ),
+    "_get_bmm_scales": frozenset(("ast1:1adea0f046f5ab58",)),
+    "_get_layer_page_table": frozenset(("ast1:493eaef90bae8bfe",)),
+    "_get_nvfp4_bmm_scales": frozenset(("ast1:2034667a61b1e162",)),
+    "_get_nvfp4_decode_kv_cache": frozenset(("ast1:45c069f62fb45eef",)),
+    "_reshape_paged_kv_cache": frozenset(("ast1:9508e24dfe716a45",)),
+    "_should_use_fused_fp8_path": frozenset(("ast1:ca6deef3ad5ec1c1",)),
 }
 # The methods of the class forward_decode and forward_extend call, by the affected releases' fingerprints.
 HELPERS = {
-    name: pr28144.HELPERS.get(name, frozenset()) | pr31667.HELPERS.get(name, frozenset())
-    for name in set(pr28144.HELPERS) | set(pr31667.HELPERS)
+    name: pr28144.HELPERS.get(name, frozenset())
+    | pr31667.HELPERS.get(name, frozenset())
+    | _HELPERS_0_5_16.get(name, frozenset())
+    for name in set(pr28144.HELPERS) | set(pr31667.HELPERS) | set(_HELPERS_0_5_16)
 }
 # forward_extend of the other releases with the bug -> why this version does not repair it there.
 UNREPAIRABLE = {
@@ -94,9 +117,6 @@ UNREPAIRABLE = {
     "ast1:6d6c1481adb5e890": _PINNED_CAUSAL_ONLY,  # 0.5.6.post1 to 0.5.8.post1
     "ast1:abb1c23985dd016b": _PINNED_CAUSAL_ONLY,  # 0.5.9 (0.6.3)
     "ast1:0aed86372ee6cb44": _PINNED_CAUSAL_ONLY,  # 0.5.10 to 0.5.10.post1 (0.6.7.post2 / .post3)
-    "ast1:4ad5c50d4b93e383": _NOT_BUILT,  # 0.5.16 (0.6.14)
-    "ast1:23f9337ee95778ca": _NOT_BUILT,  # 0.5.17 (0.6.15.post1)
-    "ast1:b67ea40bc44f7dcd": _NOT_BUILT,  # 0.5.18 (0.6.17)
     "ast1:6431b3b2463a8083": _NOT_BUILT,  # 0.5.19 (0.6.18)
     "ast1:586829385e017f50": _NOT_BUILT,  # 0.5.20
     "ast1:a639d577cfcfba4f": _NOT_BUILT,  # 0.5.21
