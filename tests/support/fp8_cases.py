@@ -221,6 +221,15 @@ class _Kernel:
         return torch.zeros(query.shape, dtype=kwargs.get("out_dtype") or query.dtype)
 
 
+class _FmhaV2Kernel(_Kernel):
+    """fmha_v2 (0.5.19 on, SM90/SM120): SGLang passes ``(q, paged_kv)`` first, positionally."""
+
+    def __call__(self, qkv, **kwargs):
+        self.log.append((self.__name__, {"qkv": qkv, **kwargs}))
+        query = qkv[0]
+        return torch.zeros(query.shape, dtype=kwargs.get("out_dtype") or query.dtype)
+
+
 def flashinfer_recorder(log):
     """``flashinfer`` as the backend reaches it: ``flashinfer.<submodule>.<kernel>(**kwargs)``."""
     return types.SimpleNamespace(
@@ -228,7 +237,8 @@ def flashinfer_recorder(log):
             trtllm_batch_decode_with_kv_cache=_Kernel(log, "decode.trtllm_batch_decode_with_kv_cache")
         ),
         prefill=types.SimpleNamespace(
-            trtllm_batch_context_with_kv_cache=_Kernel(log, "prefill.trtllm_batch_context_with_kv_cache")
+            trtllm_batch_context_with_kv_cache=_Kernel(log, "prefill.trtllm_batch_context_with_kv_cache"),
+            trtllm_fmha_v2_prefill=_FmhaV2Kernel(log, "prefill.trtllm_fmha_v2_prefill"),
         ),
     )
 
@@ -402,6 +412,7 @@ def _context_parallel_globals(module, release_dir):
         "CPAttentionBackendKind": kind,
         "get_cp_strategy": lambda: state["strategy"],
         "is_cp_v2_active": lambda forward_batch: state["strategy"] is not None,
+        "is_cp_active": lambda forward_batch: state["strategy"] is not None,  # 0.5.21's name
     }
 
 
@@ -642,22 +653,34 @@ FUSED_WRITE, SWA_TRANSLATOR = "_fused_fp8_set_kv_buffer", "_get_layer_cache_loc"
 CONTEXT_KERNEL = "trtllm_batch_context_with_kv_cache"
 
 
-def _context_calls(method):
+FMHA_V2_KERNEL = "trtllm_fmha_v2_prefill"
+
+
+def _context_calls(method, kernel=CONTEXT_KERNEL):
     return [
         node
         for node in ast.walk(method)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == CONTEXT_KERNEL
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == kernel
     ]
 
 
 def _apply_encoder_only_mask(method, fixed_methods):
     """0.5.22's ``causal=`` keyword of its context-kernel call (in ``forward_extend``, whose nested
-    ``_trtllm_context_attn`` makes the call), added to the release's one context-kernel call."""
+    ``_trtllm_context_attn`` makes the call), added to the release's one context-kernel call; and
+    where the release calls fmha_v2 (0.5.19 on), 0.5.22's ``mask_mode=`` keyword of its fmha_v2 call
+    in place of the release's."""
     (fixed_call,) = _context_calls(fixed_methods["forward_extend"])
     (keyword,) = [k for k in fixed_call.keywords if k.arg == "causal"]
     (call,) = _context_calls(method)
     assert not [k for k in call.keywords if k.arg == "causal"], "the release already passes causal"
     call.keywords.append(copy.deepcopy(keyword))
+    calls = _context_calls(method, FMHA_V2_KERNEL)
+    if calls:
+        (fixed_call,) = _context_calls(fixed_methods["forward_extend"], FMHA_V2_KERNEL)
+        (keyword,) = [k for k in fixed_call.keywords if k.arg == "mask_mode"]
+        (call,) = calls
+        (at,) = [i for i, k in enumerate(call.keywords) if k.arg == "mask_mode"]
+        call.keywords[at] = copy.deepcopy(keyword)
 
 
 def _is_cache_loc(statement):
@@ -752,7 +775,12 @@ KV_DTYPES = {"fp8": FP8, "bf16": torch.bfloat16}
 # packed: q as its own tensor; strided: ``q, k, v = qkv.split(...)`` of a fused projection, the
 # view every Llama-family model, EAGLE3 Llama draft and gpt-oss hands the backend.
 LAYOUTS = ("packed", "strided")
-MODES = {"decode": "forward_decode", "extend": "forward_extend", "target_verify": "forward_extend"}
+MODES = {
+    "decode": "forward_decode",
+    "extend": "forward_extend",
+    "target_verify": "forward_extend",
+    "draft_extend_v2": "forward_extend",  # 0.5.16 on; only in cases a test makes itself
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -787,7 +815,7 @@ def cases(release):
     release_dir = release_selection.release_dir(release)
     features = release_features(release_dir)
     attributes = frozenset(backend_attributes(release_dir, release_selection.release_dir(FIXED_RELEASE)))
-    modes = [m for m in MODES if m != "target_verify" or features["target_verify"]]
+    modes = [m for m in MODES if (m != "target_verify" or features["target_verify"]) and m != "draft_extend_v2"]
     built = {}
     for kv in KV_DTYPES:
         for scales in SCALES:
@@ -818,7 +846,12 @@ def v_heads():
 
 MAX_CONTEXT_LEN = 64
 # Per mode: query tokens per request, and the KV length of each request after this step.
-LENGTHS = {"decode": ((1, 1), (6, 5)), "extend": ((3, 2), (7, 4)), "target_verify": ((3, 3), (8, 7))}
+LENGTHS = {
+    "decode": ((1, 1), (6, 5)),
+    "extend": ((3, 2), (7, 4)),
+    "target_verify": ((3, 3), (8, 7)),
+    "draft_extend_v2": ((3, 3), (8, 7)),
+}
 
 
 class KVPool:
@@ -936,7 +969,15 @@ def _backend(module, case, pool):
         device=torch.device("cpu"),
         _default_kv_scale=torch.ones(1, dtype=torch.float32),  # __init__'s get_buffer factory
         _multi_ctas_kv_counter_buffer=torch.zeros(8, dtype=torch.int32),  # a kernel's buffer, unread here
-        kv_cache_quant_method=None,  # read only by the base class's decode write (decode is not run there)
+        kv_cache_quant_method=_plain_quant_method(module) if "kv_cache_quant_method" in case.attributes else None,
+        # 0.5.19 on: fmha_v2 prefills where XQA decodes (SM90/SM120), one decode split (SGLang's default)
+        use_fmha_v2=bool(case.xqa),
+        decode_seq_len_splits=1,
+        # 0.5.21: no native FP4 anywhere; the spec-decoding mask unset
+        prefill_uses_native_fp4=False,
+        uses_trtllm_gen_native_fp4=False,
+        _nvfp4_fp8_output=None,
+        _xqa_spec_dec_mask=None,
     )
     if "_kv_write_scales" in case.attributes:  # FlashInfer's backend's method (the base class)
         available["_kv_write_scales"] = _base_write_scales(module)
@@ -950,6 +991,16 @@ def _backend(module, case, pool):
 
 
 FLASHINFER_BACKEND = "sglang/srt/layers/attention/flashinfer_backend.py"
+KV_QUANT_METHOD = "sglang/srt/layers/quantization/fp4_kv_cache_quant_method.py"
+
+
+def _plain_quant_method(module):
+    """The KV cache's quantisation method for a BF16 or FP8 cache as ``_kv_write_scales`` asks it:
+    ``needs_global_scale`` of the release's ``KVCacheQuantMethodBase`` (compiled from its file; the
+    NVFP4 method alone overrides it)."""
+    path = extra_file(module._release_dir, KV_QUANT_METHOD)
+    holder = _release_methods(path, "KVCacheQuantMethodBase", ("needs_global_scale",), {})
+    return holder()
 
 
 def _base_write_scales(module):
