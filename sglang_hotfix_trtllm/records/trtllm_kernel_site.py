@@ -95,7 +95,7 @@ def _delegate_codes(backend):
     found = set()
     for name in _DELEGATES:
         codes = _method_codes(getattr(type(backend), name, None))
-        found |= codes or ()
+        found |= codes or frozenset()
     return found
 
 
