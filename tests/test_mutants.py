@@ -60,9 +60,11 @@ pr19107: ``swa_write_cases`` on SGLang's real SWAKVPool, with PR #19107 from 0.5
 xqa_workspace (no fmha_v2 in 0.5.12) runs on 0.5.22: ``__init__`` and ``forward_extend`` pinned,
 ``forward_decode``'s mutants refused or repaired exactly (``workspace_cases``: SGLang's own
 ``__init__``, prefill and decode, with 0.5.23's change from its file as the oracle).
-encoder_only_mask runs on 0.5.12, 0.5.13 and 0.5.14: ``forward_extend`` and the helpers it calls pinned,
-every mutant refused; the unmutated release repaired exactly (``fp8_cases`` with 0.5.22's
-``causal=`` keyword as the oracle).
+encoder_only_mask runs on 0.5.12, 0.5.13, 0.5.14, 0.5.16, 0.5.17, 0.5.18, 0.5.19 and 0.5.21:
+``forward_extend``, the helpers it calls and ``_run_fixed_q_len_decode`` pinned, every mutant refused;
+the unmutated release repaired exactly (``fp8_cases`` with 0.5.22's ``causal=`` and ``mask_mode=``
+keywords as the oracle; from 0.5.16 with and without context parallelism, the kernel called from the
+nested ``_trtllm_context_attn``; from 0.5.19 fmha_v2 on XQA).
 """
 
 import ast
@@ -76,6 +78,7 @@ import types
 
 import pytest
 import torch
+from packaging.version import Version
 
 import capture_harness
 import fp8_cases
@@ -103,6 +106,20 @@ INSTALLED = "installed"
 CLASS_NAME = "TRTLLMHAAttnBackend"
 OUR_VARIABLES = ("SGLANG_HOTFIX_TRTLLM_DISABLE", "SGLANG_HOTFIX_TRTLLM_STRICT", "SGLANG_PLUGINS")
 
+# encoder_only_mask: forward_extend and the helpers the kernel callers call before the kernel, in
+# every release it repairs (a name a release lacks makes no mutant there).
+ENCODER_ONLY_MASK_METHODS = (
+    "forward_extend",
+    "_should_use_fused_fp8_path",
+    "_fused_fp8_set_kv_buffer",
+    "_get_layer_page_table",
+    "_fused_fp8_qkv_kv_cache",  # 0.5.16 on
+    "_get_bmm_scales",
+    "_run_fixed_q_len_decode",  # 0.5.19 on: calls the decode kernel itself (a delegate of the site)
+    "_forward_extend_uses_native_fp4",  # 0.5.21
+    "_nvfp4_output_view",
+    "_finalize_nvfp4_output",
+)
 RECORDS = {
     "pr26521": dict(
         record=pr26521,
@@ -214,19 +231,22 @@ RECORDS = {
     # mutant refused; the unmutated release repaired exactly (test_encoder_only_mask: every release).
     "encoder_only_mask": dict(
         record=encoder_only_mask,
-        methods=("forward_extend", "_should_use_fused_fp8_path", "_fused_fp8_set_kv_buffer", "_get_layer_page_table"),
-        pinned=("forward_extend", "_should_use_fused_fp8_path", "_fused_fp8_set_kv_buffer", "_get_layer_page_table"),
+        methods=ENCODER_ONLY_MASK_METHODS,
+        pinned=ENCODER_ONLY_MASK_METHODS,
         writes={
             "causal_true": "causal = True",
             "decoder": "layer.attn_type = AttentionType.DECODER",
         },
-        variants=("0.5.13", "0.5.14"),
+        # 0.5.16 to 0.5.18: the kernel called from the nested _trtllm_context_attn (twice under
+        # 0.5.16's context parallelism); 0.5.19 on also fmha_v2 (SM90/SM120) and a delegate
+        variants=("0.5.13", "0.5.14", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.21"),
     ),
 }
 # Mutants the generator makes, measured (pr26521: 363 on 0.5.12, 310 on 0.5.1 and
 # 0.5.3; pr25103: 403 on 0.5.12, 331 on 0.5.9; pr28144: 645 on 0.5.12, 636 on 0.5.9, 320 on 0.5.1;
 # pr31667: 303 on 0.5.12, 271 on 0.5.14; pr17732: 286 on 0.5.1, 447 on 0.5.8.post1; pr19107: 680 on 0.5.9;
-# xqa_workspace: 1636 on 0.5.22; encoder_only_mask: 341 on 0.5.12, 361 on 0.5.13, 314 on 0.5.14),
+# xqa_workspace: 1636 on 0.5.22; encoder_only_mask: 341 on 0.5.12, 361 on 0.5.13, 356 on 0.5.14,
+# 513 on 0.5.16, 636 on 0.5.17, 647 on 0.5.18, 828 on 0.5.19, 1099 on 0.5.21),
 # less a little: a generator that silently stops mutating fails here.
 FLOORS = {
     ("pr26521", INSTALLED): 350,
@@ -246,6 +266,11 @@ FLOORS = {
     ("encoder_only_mask", INSTALLED): 330,
     ("encoder_only_mask", "0.5.13"): 350,
     ("encoder_only_mask", "0.5.14"): 300,
+    ("encoder_only_mask", "0.5.16"): 500,
+    ("encoder_only_mask", "0.5.17"): 620,
+    ("encoder_only_mask", "0.5.18"): 630,
+    ("encoder_only_mask", "0.5.19"): 810,
+    ("encoder_only_mask", "0.5.21"): 1080,
 }
 
 
@@ -609,14 +634,16 @@ class ScaleRepair:
         self.fixed_dir = release_selection.release_dir(fp8_cases.FIXED_RELEASE)
         self.cases = self.chosen_cases(release)
         self.files = {}
+        # canonicalize_stride's file: attention utils, from 0.5.16 sglang/kernels/ops/attention/utils.py
+        utils = fp8_cases._imported_from(source_root, "canonicalize_stride") or fp8_cases.ATTENTION_UTILS
         for member in RELEASE_FILES:
             path = (
-                fp8_cases.extra_file(source_root, member)
+                fp8_cases.extra_file(source_root, utils)
                 if member == fp8_cases.ATTENTION_UTILS
                 else source_root / member
             )
             if path.is_file():
-                self.files[member] = path
+                self.files[utils if member == fp8_cases.ATTENTION_UTILS else member] = path
 
     def chosen_cases(self, release):
         return {n: c for n, c in fp8_cases.cases(release).items() if c.scales in SCALE_CASES}
@@ -742,11 +769,14 @@ class MaskRepair(ScaleRepair):
     hotfix = encoder_only_mask.HOTFIX
 
     def chosen_cases(self, release):
+        context_parallel = Version(release) >= Version("0.5.16")  # the release's zigzag strategy too
         chosen = {}
         for name, case in fp8_cases.cases(release).items():
             if case.mode != "decode" and case.scales == "absent" and case.layout == "packed":
                 for attn_type in ("DECODER", "ENCODER_ONLY"):
                     chosen[name + "-" + attn_type] = dataclasses.replace(case, attn_type=attn_type)
+                    if context_parallel and case.mode == "extend":
+                        chosen[name + "-cp-" + attn_type] = dataclasses.replace(case, attn_type=attn_type, cp=True)
         return chosen
 
     def oracle(self, folder):

@@ -678,7 +678,7 @@ def _backend_of(release):
     "release, code, opening",
     [
         ("0.5.12", 0, "PROTECTED: %s has the bugs of record pr26521, pr25103, pr28144, pr31667, encoder_only_mask; "),
-        ("0.5.19", 1, "NOT PROTECTED: %s: record encoder_only_mask, xqa_draft_extend would run unpatched"),
+        ("0.5.19", 1, "NOT PROTECTED: %s: record xqa_draft_extend would run unpatched"),
         ("0.5.23", 0, "NOTHING TO DO: %s already has every fix this package carries"),
     ],
 )

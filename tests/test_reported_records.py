@@ -1,6 +1,6 @@
 """The records of SGLang 0.5.22's fixes that report a bug where they cannot repair it:
 xqa_draft_extend (EAGLE/MTP draft extend on XQA: reported wherever it runs) and encoder_only_mask
-(ENCODER_ONLY layers prefilled causal: repaired on 0.5.11 to 0.5.15.post1, test_encoder_only_mask;
+(ENCODER_ONLY layers prefilled causal: repaired on 0.5.11 to 0.5.21, test_encoder_only_mask;
 reported on the other releases with the bug). docs/records.md says why.
 
 Verdicts: every release of the shipped tables from its own source. ``fixed`` is 0.5.22's change in
@@ -36,7 +36,7 @@ FIRST_WITH_THE_BUG = {
 RECORDS = {record.NAME: record for record in FIRST_WITH_THE_BUG}
 
 
-REPAIRED = {encoder_only_mask: ("0.5.11", "0.5.16")}  # record -> [first, end) of the releases it repairs
+REPAIRED = {encoder_only_mask: ("0.5.11", "0.5.22")}  # record -> [first, end) of the releases it repairs
 
 
 def expected_verdict(record, release):
@@ -143,7 +143,7 @@ CHANGES = {
 def test_upstream_change_inserted_into_the_last_affected_release_reads_fixed(name):
     record, (change, _) = RECORDS[name], CHANGES[name]
     release, fixed = _tree("0.5.21"), _tree(FIXED_IN)
-    assert record.classify(release).verdict is Verdict.UNREPAIRABLE
+    assert record.classify(release).verdict is expected_verdict(record, "0.5.21")
     assert record.classify(change(release, fixed)).verdict is Verdict.FIXED
 
 
@@ -224,44 +224,59 @@ def _status(release, disable=None):
 
 
 def test_an_unrepairable_release_is_not_protected_and_says_what_fixes_it():
-    """SGLang 0.5.19 installed (the real package): NOT PROTECTED with exit 1, both records named
-    with the release that fixes them; neither would patch. (The import's WARNING: test_toy_record's
-    unrepairable case, through the same engine path.)"""
+    """SGLang 0.5.19 installed (the real package): NOT PROTECTED with exit 1, xqa_draft_extend named
+    with the release that fixes it, and not patched; encoder_only_mask (repaired there since it
+    repairs 0.5.19 to 0.5.21) and xqa_workspace would patch. (The import's WARNING:
+    test_toy_record's unrepairable case, through the same engine path; encoder_only_mask's
+    unrepairable verdict with a FlashInfer lacking the argument: test_encoder_only_mask.)"""
     code, document = _status("0.5.19")
     assert code == 1 and document["exit_status"] == 1
     headline = document["headline"]
-    assert headline.startswith("NOT PROTECTED: SGLang 0.5.19: record encoder_only_mask, xqa_draft_extend ")
-    # One reason for both, said once (issue 37 item 10: one sentence per record made ~1,100 characters).
-    assert headline.count("SGLang 0.5.22 fixes it") == 1 and "(record xqa_workspace would be patched)" in headline
-    for name in RECORDS:
-        (block,) = [r for r in document["hotfixes"] if r["hotfix"] == name]
-        assert block["verdict"] == "unrepairable" and block["would_patch"] is False and "0.5.22" in block["reason"]
+    assert headline.startswith("NOT PROTECTED: SGLang 0.5.19: record xqa_draft_extend ")
+    assert headline.count("SGLang 0.5.22 fixes it") == 1
+    assert "(record xqa_workspace, encoder_only_mask would be patched)" in headline
+    blocks = {r["hotfix"]: r for r in document["hotfixes"]}
+    block = blocks["xqa_draft_extend"]
+    assert block["verdict"] == "unrepairable" and block["would_patch"] is False and "0.5.22" in block["reason"]
+    assert blocks["encoder_only_mask"]["verdict"] == "affected" and blocks["encoder_only_mask"]["would_patch"] is True
 
 
 @pytest.mark.parametrize(
     "release, disable, code, opening",
     [
-        # both turned off by name: accepted, and the first line says so
+        # the record that only reports turned off by name: accepted, and the first line says so
         (
             "0.5.19",
-            "encoder_only_mask,xqa_draft_extend",
+            "xqa_draft_extend",
             0,
-            "PROTECTED: SGLang 0.5.19 has the bugs of record xqa_workspace;",
+            "PROTECTED: SGLang 0.5.19 has the bugs of record xqa_workspace, encoder_only_mask;",
+        ),
+        # 0.5.17: encoder_only_mask repairs (0.5.16 to 0.5.18), xqa_draft_extend only reports
+        (
+            "0.5.17",
+            "xqa_draft_extend",
+            0,
+            "PROTECTED: SGLang 0.5.17 has the bugs of record encoder_only_mask;",
         ),
         (
             "0.5.17",
             "encoder_only_mask,xqa_draft_extend",
-            0,
-            "NOTHING TO DO: SGLang 0.5.17; record encoder_only_mask, xqa_draft_extend turned off",
+            1,
+            "NOT PROTECTED: SGLang 0.5.17: record encoder_only_mask would run unpatched",
         ),
-        # one of the two still runs: still NOT PROTECTED, naming only that one
-        ("0.5.19", "encoder_only_mask", 1, "NOT PROTECTED: SGLang 0.5.19: record xqa_draft_extend would run"),
+        # a record that could repair turned off, the one that only reports on: both named
+        (
+            "0.5.19",
+            "encoder_only_mask",
+            1,
+            "NOT PROTECTED: SGLang 0.5.19: record encoder_only_mask, xqa_draft_extend would run",
+        ),
         # a record that could repair, turned off: its bug runs, NOT PROTECTED as before
         (
             "0.5.19",
             "xqa_workspace,encoder_only_mask,xqa_draft_extend",
             1,
-            "NOT PROTECTED: SGLang 0.5.19: record xqa_workspace would run",
+            "NOT PROTECTED: SGLang 0.5.19: record xqa_workspace, encoder_only_mask would run",
         ),
     ],
 )

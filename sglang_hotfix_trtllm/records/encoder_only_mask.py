@@ -15,30 +15,41 @@ layer.attn_type == AttentionType.ENCODER_ONLY else "causal")``. Who: BERT-family
 ``trtllm_mha`` by default on SM100 from 0.5.7 (any release with ``--attention-backend
 trtllm_mha``): each token attends only to those before it, so embeddings and scores are wrong.
 
-Repaired on SGLang 0.5.11 to 0.5.15.post1's code (``AFFECTED``), through FlashInfer's kernel call
-site (``trtllm_kernel_site``, shared with pr28144 and pr31667): a ``forward_extend`` call whose
-layer is ``ENCODER_ONLY`` is noted, and the context kernel called inside it gets ``causal=False``,
-what 0.5.22's argument is for that layer; every other argument is SGLang's own object, and every
-other call (a decoder layer: 0.5.22's ``causal=True`` is the kernel's default) runs SGLang's
-method alone. The decode kernel (target verify) gets nothing new, as in 0.5.22.
+Repaired on SGLang 0.5.11 to 0.5.21's code (``AFFECTED``), through FlashInfer's kernel call site
+(``trtllm_kernel_site``, shared with pr28144, pr31667 and xqa_workspace): a ``forward_extend`` call
+whose layer is ``ENCODER_ONLY`` is noted, and each prefill-kernel call it makes gets 0.5.22's
+argument for that layer: ``causal=False`` on the context kernel, ``mask_mode="padding"`` on fmha_v2
+(0.5.19 on, SM90/SM120; SGLang passes it ``(q, paged_kv)`` first, the site's
+``register_noted_kernel``). Every other argument is SGLang's own object, and every other call (a
+decoder layer: 0.5.22's ``causal=True`` is the context kernel's default, its ``mask_mode`` the
+release's ``"causal"``) runs SGLang's method alone. The decode kernel (target verify, draft extend)
+gets nothing new, as in 0.5.22. From 0.5.16 the context kernel is called from
+``_trtllm_context_attn``, a function nested in ``forward_extend``: the site counts a call made by a
+function the method defines as the method's own, and repairs each such call, so 0.5.16's context
+parallelism (its zigzag strategy calls the nested function once per half of the batch) gets
+``causal=False`` on both calls, as the nested call with 0.5.22's argument would. From 0.5.19
+``_run_fixed_q_len_decode`` calls the decode kernel for the method (``KERNEL_CALLERS``, pinned by
+fingerprint): the site passes its calls with SGLang's arguments (``register_delegate``). On 0.5.19
+to 0.5.21 record xqa_workspace repairs fmha_v2's workspace through the same gate: fmha_v2 gets its
+workspace view and this record's ``mask_mode`` both.
 
-FlashInfer must take the argument: the FlashInfer that 0.5.12 to 0.5.15.post1 pin does (0.6.11.post1
-on), 0.5.11's (0.6.8.post1) does not (its launcher hard-codes the causal mask). So for the
-installed SGLang the verdict also reads the installed FlashInfer's ``prefill.py`` (``Hotfix.environment``):
-where its context kernel has no ``causal`` parameter the verdict is ``unrepairable``, naming it.
+FlashInfer must take the argument: the FlashInfer that 0.5.12 to 0.5.21 pin does (0.6.11.post1 on;
+0.5.16 to 0.5.18 pin 0.6.14, 0.6.15.post1 and 0.6.17, 0.5.19 to 0.5.21 0.6.18, each with ``causal:
+bool = True``; 0.6.18's fmha_v2 takes ``mask_mode="padding"`` as non-causal), 0.5.11's (0.6.8.post1)
+does not (its launcher hard-codes the causal mask). So for the installed SGLang the verdict also
+reads the installed FlashInfer's ``prefill.py`` (``Hotfix.environment``): where its context kernel
+has no ``causal`` parameter the verdict is ``unrepairable``, naming it (fmha_v2's ``mask_mode`` is
+not read there: every FlashInfer with the fmha_v2 call these releases make takes it).
 
 Not repaired (``unrepairable``, the release that fixes it named): 0.5.1 to 0.5.10, whose pinned
-FlashInfer has no non-causal context kernel, and 0.5.16 to 0.5.21, where FlashInfer takes the
-argument but the kernel is called from ``_trtllm_context_attn``, a function nested in
-``forward_extend`` (twice per call under context parallelism), and from 0.5.19 on SM90/SM120 also
-through fmha_v2's ``mask_mode``: the shared site repairs a method's own kernel call only.
+FlashInfer has no non-causal context kernel.
 
-Verdicts, from the live ``forward_extend``: ``affected`` for 0.5.11 to 0.5.15.post1's fingerprints
-with ``flashinfer`` bound once, nothing but ``forward_decode`` and ``forward_extend`` reaching a
-kernel, and every class method they call a known release's; ``unrepairable`` for the fingerprints
-of 0.5.1 to 0.5.10 and 0.5.16 to 0.5.21 (``UNREPAIRABLE``); ``fixed`` when every context-kernel
-call passes 0.5.22's ``causal`` and every fmha_v2 call its ``mask_mode`` (0.5.22 on); ``unknown``
-otherwise.
+Verdicts, from the live ``forward_extend``: ``affected`` for 0.5.11 to 0.5.21's fingerprints
+with ``flashinfer`` bound once, nothing but ``forward_decode``, ``forward_extend`` and the pinned
+``KERNEL_CALLERS`` reaching a kernel (nothing but ``forward_extend`` naming fmha_v2), and every class
+method they call a known release's; ``unrepairable`` for the fingerprints of 0.5.1 to 0.5.10
+(``UNREPAIRABLE``); ``fixed`` when every context-kernel call passes 0.5.22's ``causal`` and every
+fmha_v2 call its ``mask_mode`` (0.5.22 on); ``unknown`` otherwise.
 """
 
 import ast
@@ -49,6 +60,7 @@ from .. import detect, source
 from . import pr28144, pr31667
 from . import trtllm_kernel_routes as routes
 from . import trtllm_kernel_site as site
+from ..fingerprint import of_node
 from ..record import Hotfix, Verdict
 from ..release_table import ReleaseTable
 
@@ -66,12 +78,7 @@ UPSTREAM_ARGUMENTS = {
 
 _PINNED_CAUSAL_ONLY = (
     "with the FlashInfer this release pins (no causal argument; its launcher hard-codes the causal mask) no "
-    "argument gives upstream's attention, and this version repairs only SGLang 0.5.11 to 0.5.15.post1's code"
-)
-_NOT_BUILT = (
-    "the pinned FlashInfer takes 0.5.22's arguments, but this release calls the kernel from a function nested in "
-    "forward_extend (twice per call under context parallelism; from 0.5.19 also fmha_v2 with its mask_mode on "
-    "SM90/SM120), and this version's kernel-call site repairs only a method's own kernel call"
+    "argument gives upstream's attention, and this version repairs only SGLang 0.5.11 to 0.5.21's code"
 )
 # forward_extend of the releases with the bug this version repairs (SGLang 0.5.11's pinned FlashInfer
 # lacks the argument: ``flashinfer_problem`` says so for the installed one).
@@ -80,11 +87,46 @@ AFFECTED = {
     "ast1:a230c20003012edf": "0.5.13 to 0.5.13.post1",
     "ast1:23f0c5516073f00a": "0.5.14 (FlashInfer 0.6.12; the query quantized by _maybe_quantize_q)",
     "ast1:2b30e4d3df0ce7c1": "0.5.15 to 0.5.15.post1",
+    # The context kernel called from _trtllm_context_attn, nested in forward_extend (the site repairs
+    # a kernel call of a function the method defines: trtllm_kernel_site._method_codes).
+    "ast1:4ad5c50d4b93e383": "0.5.16 (FlashInfer 0.6.14; under context parallelism the nested function runs twice)",
+    "ast1:23f9337ee95778ca": "0.5.17 (FlashInfer 0.6.15.post1)",
+    "ast1:b67ea40bc44f7dcd": "0.5.18 (FlashInfer 0.6.17)",
+    # 0.5.19 on: on SM90/SM120 fmha_v2 prefills (its mask_mode: the site's noted fmha_v2 call)
+    "ast1:6431b3b2463a8083": "0.5.19 (FlashInfer 0.6.18)",
+    "ast1:586829385e017f50": "0.5.20 (FlashInfer 0.6.18)",
+    "ast1:a639d577cfcfba4f": "0.5.21 (FlashInfer 0.6.18)",
 }
+# Methods of the class that call a kernel themselves, besides forward_decode and forward_extend, by the
+# affected releases' fingerprints: 0.5.19 on, _run_fixed_q_len_decode (the decode kernel, which 0.5.22
+# calls as the release does; the gate passes its calls through unrepaired).
+KERNEL_CALLERS = {
+    "_run_fixed_q_len_decode": frozenset(("ast1:6d4824e4bd5d0730", "ast1:b512af1edf57b609")),  # 0.5.19-20, 0.5.21
+}
+# The methods of the class 0.5.16 to 0.5.18's forward_decode and forward_extend call, by fingerprint
+# (read from those releases; none of them reaches flashinfer: routes.kernel_route_problem).
+_HELPERS_0_5_16 = {
+    "_fused_fp8_qkv_kv_cache": frozenset(
+        ("ast1:9bd4f8db2de4cc16", "ast1:d72013d427e38d95", "ast1:56c55f70b7ab9c40")  # 0.5.16, 0.5.17, 0.5.18
+    ),
+    "_get_bmm_scales": frozenset(("ast1:1adea0f046f5ab58",)),
+    "_get_layer_page_table": frozenset(("ast1:493eaef90bae8bfe",)),
+    "_get_nvfp4_bmm_scales": frozenset(("ast1:2034667a61b1e162",)),
+    "_get_nvfp4_decode_kv_cache": frozenset(("ast1:45c069f62fb45eef",)),
+    "_reshape_paged_kv_cache": frozenset(("ast1:9508e24dfe716a45",)),
+    "_should_use_fused_fp8_path": frozenset(("ast1:ca6deef3ad5ec1c1", "ast1:5bc68cb582c0f122")),  # 0.5.20 on
+    # 0.5.21's native FP4 prefill helpers
+    "_finalize_nvfp4_output": frozenset(("ast1:5274f9fb786622ee",)),
+    "_forward_extend_uses_native_fp4": frozenset(("ast1:c577a7f420edcbdf",)),
+    "_nvfp4_output_view": frozenset(("ast1:6aa73d2c268ba086",)),
+}
+_HELPERS_0_5_16["_get_nvfp4_decode_kv_cache"] |= frozenset(("ast1:986364536e904ac3",))  # 0.5.21
 # The methods of the class forward_decode and forward_extend call, by the affected releases' fingerprints.
 HELPERS = {
-    name: pr28144.HELPERS.get(name, frozenset()) | pr31667.HELPERS.get(name, frozenset())
-    for name in set(pr28144.HELPERS) | set(pr31667.HELPERS)
+    name: pr28144.HELPERS.get(name, frozenset())
+    | pr31667.HELPERS.get(name, frozenset())
+    | _HELPERS_0_5_16.get(name, frozenset())
+    for name in set(pr28144.HELPERS) | set(pr31667.HELPERS) | set(_HELPERS_0_5_16)
 }
 # forward_extend of the other releases with the bug -> why this version does not repair it there.
 UNREPAIRABLE = {
@@ -94,12 +136,6 @@ UNREPAIRABLE = {
     "ast1:6d6c1481adb5e890": _PINNED_CAUSAL_ONLY,  # 0.5.6.post1 to 0.5.8.post1
     "ast1:abb1c23985dd016b": _PINNED_CAUSAL_ONLY,  # 0.5.9 (0.6.3)
     "ast1:0aed86372ee6cb44": _PINNED_CAUSAL_ONLY,  # 0.5.10 to 0.5.10.post1 (0.6.7.post2 / .post3)
-    "ast1:4ad5c50d4b93e383": _NOT_BUILT,  # 0.5.16 (0.6.14)
-    "ast1:23f9337ee95778ca": _NOT_BUILT,  # 0.5.17 (0.6.15.post1)
-    "ast1:b67ea40bc44f7dcd": _NOT_BUILT,  # 0.5.18 (0.6.17)
-    "ast1:6431b3b2463a8083": _NOT_BUILT,  # 0.5.19 (0.6.18)
-    "ast1:586829385e017f50": _NOT_BUILT,  # 0.5.20
-    "ast1:a639d577cfcfba4f": _NOT_BUILT,  # 0.5.21
 }
 
 WHAT = (
@@ -125,14 +161,24 @@ def needs_repair(backend, layer, q, wrapped):
 
 
 def upstream_arguments(call, kwargs):
-    """0.5.22's ``causal=layer.attn_type != AttentionType.ENCODER_ONLY`` for the noted (encoder-only)
-    call: False, on the context kernel; the decode kernel's arguments are the release's."""
-    if call.kernel != CONTEXT_KERNEL or not _encoder_only(call.layer):
+    """0.5.22's arguments for the noted (encoder-only) call: ``causal=layer.attn_type !=
+    AttentionType.ENCODER_ONLY``, False, on the context kernel; ``mask_mode=("padding" if
+    layer.attn_type == AttentionType.ENCODER_ONLY else "causal")``, "padding", on fmha_v2 (0.5.19 on,
+    SM90/SM120); the decode kernel's arguments are the release's."""
+    if not _encoder_only(call.layer):
         return kwargs
-    return dict(kwargs, causal=False)
+    if call.kernel == CONTEXT_KERNEL:
+        return dict(kwargs, causal=False)
+    if call.kernel == FMHA_V2_KERNEL:
+        return dict(kwargs, mask_mode="padding")
+    return kwargs
 
 
 site.register(NAME, needs_repair, upstream_arguments)
+# SGLang 0.5.19 to 0.5.21 pass fmha_v2 ``(q, paged_kv)`` first, the rest by keyword.
+site.register_noted_kernel("prefill", FMHA_V2_KERNEL, positional=1)
+for _name in KERNEL_CALLERS:  # their decode-kernel calls: SGLang's arguments, as 0.5.22's
+    site.register_delegate(_name)
 
 
 # --------------------------------------------------------------------------
@@ -189,6 +235,42 @@ def _passes_upstreams_argument(name, call):
     return len(given) == 1 and ast.unparse(given[0].value) == text
 
 
+def _kernel_callers(cls, live):
+    """(the class's methods that call a kernel themselves, pinned by ``KERNEL_CALLERS``, problem)."""
+    callers = []
+    for name, pins in KERNEL_CALLERS.items():
+        if not any(isinstance(n, ast.FunctionDef) and n.name == name for n in cls.body):
+            continue
+        function, problem = live[name]
+        if problem or function is None:
+            return [], problem or "%s.%s not found" % (CLASS_NAME, name)
+        if of_node(function) not in pins:
+            return [], "%s.%s, which calls a kernel, is not the code of a known release (fingerprint %s)" % (
+                CLASS_NAME,
+                name,
+                of_node(function),
+            )
+        callers.append(function)
+    return callers, None
+
+
+def _fmha_v2_route_problem(tree, extend):
+    """None when nothing but ``forward_extend`` names fmha_v2's kernel (the gate repairs its calls
+    inside a noted forward_extend only)."""
+    inside = {id(node) for node in ast.walk(extend)}
+    for node in ast.walk(tree):
+        if id(node) in inside:
+            continue
+        if (
+            (isinstance(node, ast.Name) and node.id == FMHA_V2_KERNEL)
+            or (isinstance(node, ast.Attribute) and node.attr == FMHA_V2_KERNEL)
+            or (isinstance(node, ast.alias) and FMHA_V2_KERNEL in (node.name.rpartition(".")[2], node.asname))
+            or (isinstance(node, ast.Constant) and node.value == FMHA_V2_KERNEL)
+        ):
+            return "code outside forward_extend names %s (line %d)" % (FMHA_V2_KERNEL, getattr(node, "lineno", 0))
+    return None
+
+
 def classify(tree):
     """Classify the source of ``trtllm_mha_backend`` (an ``ast.Module``)."""
     refusal, cls, extend, fingerprint, verdict = detect.live_method_classified(tree, CLASS_NAME, METHOD)
@@ -202,14 +284,17 @@ def classify(tree):
         decode, problem = detect.live_methods(tree, cls, ("forward_decode",))["forward_decode"]
         if problem or decode is None:
             return verdict(Verdict.UNKNOWN, problem or "%s.forward_decode not found" % CLASS_NAME)
-        live = detect.live_methods(tree, cls, tuple(HELPERS))
-        problem = routes.problem(tree, cls, live, [decode, extend], HELPERS)
+        live = detect.live_methods(tree, cls, tuple(HELPERS) + tuple(KERNEL_CALLERS))
+        callers, problem = _kernel_callers(cls, live)
+        problem = problem or routes.problem(tree, cls, live, [decode, extend] + callers, HELPERS)
+        problem = problem or _fmha_v2_route_problem(tree, extend)
         if problem:
             return verdict(Verdict.UNKNOWN, problem)
         return verdict(
             Verdict.AFFECTED,
-            "forward_extend prefills ENCODER_ONLY (bidirectional) layers with the context kernel's causal mask. "
-            "Repaired: kernel calls through the module's flashinfer",
+            "forward_extend prefills ENCODER_ONLY (bidirectional) layers with a causal mask (the context kernel's "
+            "default; fmha_v2's mask_mode where the release calls it). Repaired: kernel calls through the module's "
+            "flashinfer",
         )
     if fingerprint in UNREPAIRABLE:
         return verdict(Verdict.UNREPAIRABLE, WHAT % UNREPAIRABLE[fingerprint])

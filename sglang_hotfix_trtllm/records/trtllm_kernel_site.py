@@ -1,7 +1,7 @@
 """FlashInfer's TRT-LLM kernel call in ``TRTLLMHAAttnBackend.forward_decode`` / ``forward_extend``:
 one call site that several records repair together (pr28144: the BMM scales; pr31667: the
-query's layout on XQA; pr17732: the K/V cache views' strides with one KV head). Standard library
-only at import.
+query's layout on XQA; pr17732: the K/V cache views' strides with one KV head; encoder_only_mask:
+the prefill mask; xqa_workspace: fmha_v2's workspace). Standard library only at import.
 
 One wrapper per method and one gate, owned here; records contribute a *repair* each
 (``register``): ``needs(backend, layer, q, wrapped)``, a cheap test that may say True where
@@ -19,10 +19,18 @@ repairs are made and SGLang's method called with their query; if a record repair
 the call is noted (the backend, the layer, the query the method is called with, the forward batch,
 the records that need to repair it) for its duration, and the module's global ``flashinfer``
 becomes the gate if it is not yet (``patch.arm_gates``). The gate passes FlashInfer through, but a
-kernel call made by the noted method gets each needed record's repair in turn; a repair that cannot
+kernel call made by the noted method, or by a function defined in it (0.5.16's to 0.5.18's
+``forward_extend`` calls the context kernel from its nested ``_trtllm_context_attn``, twice under
+0.5.16's context parallelism), gets each needed record's repair in turn; a repair that cannot
 be computed is skipped with its record's warning (that call is then as with that record off). Once
 the kernel is called with the repaired arguments, what it raises propagates, as upstream's call
 would.
+
+Beyond the two kernels of ``KERNELS``, a record may have the gate treat another kernel the same way
+(``register_noted_kernel``: fmha_v2, which SGLang 0.5.19 to 0.5.21 call with ``(q, paged_kv)``
+first), and may name a method of the class that calls a kernel for the wrapped methods
+(``register_delegate``: 0.5.19's ``_run_fixed_q_len_decode``): its kernel calls inside a noted call
+pass with SGLang's arguments and count as the call's kernel call.
 """
 
 import contextvars
@@ -43,6 +51,11 @@ _BEFORE = {}  # record name -> before(backend, layer, q): the query SGLang's met
 # (submodule, kernel) -> repair(kwargs): kernels another record repairs from their own arguments
 # alone, whatever method calls them (no noted call): fmha_v2's workspace (record xqa_workspace).
 _ARGUMENT_REPAIRS = {}
+# (submodule, kernel) -> how many positional arguments SGLang's own call passes it: kernels beyond
+# ``KERNELS`` whose calls inside a noted call get the needed records' repairs too (fmha_v2, to which
+# SGLang 0.5.19 to 0.5.21 pass ``(q, paged_kv)`` first: record encoder_only_mask's mask_mode).
+_ALSO_NOTED = {}
+_DELEGATES = set()  # register_delegate
 
 
 def register(name, needs, repair=None, before=None):
@@ -67,18 +80,59 @@ def register_argument_repair(submodule, kernel, repair):
     _ARGUMENT_REPAIRS[(submodule, kernel)] = repair
 
 
+def register_delegate(name):
+    """A method of the backend class, ``name``, that the wrapped methods call and that calls a kernel
+    itself (0.5.19's ``_run_fixed_q_len_decode``, the decode kernel): inside a noted call, its
+    kernel calls (and those of the functions it defines) pass through the gate with SGLang's
+    arguments, and count as the noted call's kernel call. Only for a kernel call that every record
+    of the site leaves as SGLang makes it: their ``classify`` pins the delegate by fingerprint."""
+    _DELEGATES.add(name)
+
+
+def _delegate_codes(backend):
+    """The code objects of the delegates as the backend's class holds them (each with its nested
+    functions': ``_method_codes``)."""
+    found = set()
+    for name in _DELEGATES:
+        codes = _method_codes(getattr(type(backend), name, None))
+        found |= codes or frozenset()
+    return found
+
+
+def register_noted_kernel(submodule, kernel, positional=0):
+    """``flashinfer.<submodule>.<kernel>`` as a kernel whose calls made by a noted method get the
+    needed records' ``repair`` (as the two of ``KERNELS`` do); SGLang's own call passes it
+    ``positional`` arguments first (one more is someone else's call: stood aside, and said). Where
+    a record also repairs it by its arguments (``register_argument_repair``), that repair is made
+    first, on every call through the gate, as for a kernel it alone repairs."""
+    _ALSO_NOTED[(submodule, kernel)] = positional
+
+
 class Call:
     """One wrapped call that needs a repair, as the gate needs it."""
 
-    __slots__ = ("function", "method", "backend", "q", "layer", "forward_batch", "needed", "hotfixes", "used", "kernel")
+    __slots__ = (
+        "function",
+        "method",
+        "backend",
+        "q",
+        "layer",
+        "forward_batch",
+        "needed",
+        "hotfixes",
+        "used",
+        "kernel",
+        "delegated",
+    )
 
     def __init__(self, function, backend, q, layer, forward_batch, needed, hotfixes):
         self.function, self.method = function, function.__name__  # SGLang's method, as wrapt calls it
         self.backend, self.q, self.layer, self.forward_batch = backend, q, layer, forward_batch
         self.needed = needed  # the records that repair this call at the kernel, in the order applied
         self.hotfixes = hotfixes  # their Hotfix objects (the gate is armed through them)
-        self.used = False  # one kernel call per method call: a second one passes through
+        self.used = False  # a kernel call of the method's own got the repairs (further ones: _GatedKernel)
         self.kernel = None  # the name of the kernel being called, once the gate sees the call
+        self.delegated = False  # a kernel call made for the method by a delegate (register_delegate) passed
 
 
 _current_call = contextvars.ContextVar("sglang_hotfix_trtllm_kernel_site_call", default=None)
@@ -191,12 +245,12 @@ def _run_noted_call(module, wrapped, args, kwargs, call):
         result = wrapped(*args, **kwargs)
     finally:
         _current_call.reset(token)
-    if not call.used and gate._self_hotfix_on:
-        # Every release these records accept calls one kernel per call, from the method itself,
-        # through the module's ``flashinfer``: a call that returned without its kernel call passing
-        # the gate reached the kernel some other way (the global replaced after the gate went in,
-        # a proxy over it), unrepaired. (With the gate off, remove() ran during the call: it ran as
-        # with the records off, as the operator asked.)
+    if not call.used and not call.delegated and gate._self_hotfix_on:
+        # Every release these records accept calls a kernel in every call, from the method itself
+        # (or a function it defines, or a delegate), through the module's ``flashinfer``: a call that
+        # returned without its kernel call passing the gate reached the kernel some other way (the
+        # global replaced after the gate went in, a proxy over it), unrepaired. (With the gate off,
+        # remove() ran during the call: it ran as with the records off, as the operator asked.)
         _skipped(call, LookupError("the kernel call did not pass the gate"), "no-gate")
     return result
 
@@ -292,18 +346,31 @@ def _stand_in_for(stand_in, kernel):
     stand_in.__dict__["__wrapped__"] = kernel
 
 
-# what wrapt calls (SGLang's function, kept alive by the wrapper anyway) -> the code object below it:
+# what wrapt calls (SGLang's function, kept alive by the wrapper anyway) -> the code objects below it:
 # a plain dict, read at every repaired kernel call
 _codes = {}
 _FUNCTION = type(lambda: None)
+_CODE = type((lambda: None).__code__)
 
 
-def _method_code(function):
-    """The code object of SGLang's method under ``function`` (the method wrapt calls, or a wrapper
-    below the hotfix's that names it through ``__wrapped__``, as ``functools.wraps`` does); None
-    where a wrapper below hides it (the gate then repairs the call's first kernel call, as it
-    did before it could tell who is calling). Found once per function: every repaired kernel
-    call asks."""
+def _with_nested(code):
+    """``code`` and the code of every function defined in it, at any depth (``co_consts``): the
+    code that runs when SGLang's method calls a function it defines, as 0.5.16's to 0.5.18's
+    ``forward_extend`` calls the kernel from its nested ``_trtllm_context_attn``."""
+    found, todo = [], [code]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(c for c in current.co_consts if type(c) is _CODE)
+    return frozenset(found)
+
+
+def _method_codes(function):
+    """The code objects of SGLang's method under ``function`` (the method wrapt calls, or a wrapper
+    below the hotfix's that names it through ``__wrapped__``, as ``functools.wraps`` does) and of
+    the functions nested in it (``_with_nested``); None where a wrapper below hides it (the gate
+    then repairs the call's first kernel call, as it did before it could tell who is calling).
+    Found once per function: every repaired kernel call asks."""
     function = getattr(function, "__func__", function)
     # Only a plain function is a key: a proxy (wrapt's partial for a call through the class holds
     # the instance) would keep the backend and its buffers alive here.
@@ -317,35 +384,51 @@ def _method_code(function):
             break
         found = getattr(below, "__func__", below)
     code = getattr(found, "__code__", None)
+    codes = _with_nested(code) if type(code) is _CODE else None
     if cacheable:
-        _codes[function] = code
-    return code
+        _codes[function] = codes
+    return codes
 
 
 class _GatedKernel:
     """A FlashInfer kernel as the gated module reaches it."""
 
     # No __slots__: TorchDynamo guards on the kernel's ``__dict__`` as SGLang's code reaches it.
-    def __init__(self, kernel, gate, name):
+    def __init__(self, kernel, gate, name, positional=0, argument_repair=None):
         self.kernel, self.gate, self.name = kernel, gate, name
+        self.positional = positional  # the positional arguments SGLang's own call passes (register_noted_kernel)
+        self.argument_repair = argument_repair  # register_argument_repair's, made first on every call
         _stand_in_for(self, kernel)
 
     def __call__(self, *args, **kwargs):
+        if self.argument_repair is not None and self.gate._self_hotfix_on:
+            kwargs = self.argument_repair(kwargs)
         call = _current_call.get()
-        if call is None or call.used or not self.gate._self_hotfix_on:
+        if call is None or not self.gate._self_hotfix_on:
             return self.kernel(*args, **kwargs)  # nothing to repair here, or remove() turned it off
-        if args:
+        codes = _method_codes(call.function)
+        if call.used:
+            # A further kernel call in the same method call: repaired only when SGLang's method (or
+            # a function it defines) makes it, by keywords: 0.5.16's context parallelism calls the
+            # nested ``_trtllm_context_attn`` once per half of the batch. Anything else passes
+            # through, and so does every further call where the caller cannot be told (a wrapper
+            # below hides the method): there only the first kernel call is repaired.
+            if len(args) > self.positional or codes is None or sys._getframe(1).f_code not in codes:
+                return self.kernel(*args, **kwargs)
+        elif len(args) > self.positional:
             # SGLang's own calls pass keywords only (the records pin them): a positional call comes
             # from someone else's code between the gate and the kernel. Stand aside, and say so.
             call.used, call.kernel = True, self.name
             _skipped(call, TypeError("the kernel was called with %d positional argument(s)" % len(args)), "positional")
             return self.kernel(*args, **kwargs)
-        code = _method_code(call.function)
-        if code is not None and sys._getframe(1).f_code is not code:
-            # Not SGLang's method calling: other code running inside the call (a hook or a checker
-            # calling FlashInfer itself, a proxy put over the module's global) gets its own
-            # arguments; the method's own kernel call gets the repair, and a method that returns
-            # without one is said (_run_noted_call).
+        elif codes is not None and sys._getframe(1).f_code not in codes:
+            # Not SGLang's method calling (nor a function it defines): other code running inside
+            # the call (a hook or a checker calling FlashInfer itself, a proxy put over the module's
+            # global) gets its own arguments; the method's own kernel calls get the repair, and a
+            # method that returns without one is said (_run_noted_call). A delegate's call (0.5.19's
+            # _run_fixed_q_len_decode) is the method's kernel call, with SGLang's arguments.
+            if _DELEGATES and sys._getframe(1).f_code in _delegate_codes(call.backend):
+                call.delegated = True
             return self.kernel(*args, **kwargs)
         call.used, call.kernel = True, self.name
         for name in call.needed:  # each its own argument: the order changes nothing the kernel gets
@@ -355,7 +438,7 @@ class _GatedKernel:
                 # This repair could not be computed before the kernel ran: this call is as with the
                 # record off; the other records' repairs still apply.
                 _skipped(call, error, "not-computed", (name,))
-        return self.kernel(**kwargs)  # what it raises propagates, as upstream's call would
+        return self.kernel(*args, **kwargs)  # what it raises propagates, as upstream's call would
 
     def __getattr__(self, name):
         return getattr(self.kernel, name)
@@ -401,16 +484,17 @@ def _gate_class():
 
         def __getattr__(self, name):
             found = getattr(self.__wrapped__, name)
-            repair = (
-                None if name == self._self_kernel_name else _ARGUMENT_REPAIRS.get((self._self_submodule_name, name))
-            )
-            if repair is None and name != self._self_kernel_name:
+            key = (self._self_submodule_name, name)
+            noted = name == self._self_kernel_name or key in _ALSO_NOTED
+            repair = None if name == self._self_kernel_name else _ARGUMENT_REPAIRS.get(key)
+            if repair is None and not noted:
                 return found
             pair = self._self_kept.get(name)  # one read: another thread may swap it meanwhile
             if pair is None or pair[0] is not found:  # a kernel replaced since (a profiler, a mock): that one
                 made = (
-                    _GatedKernel(found, self._self_gate, name)  # repaired by the noted call
-                    if repair is None
+                    # repaired by the noted call (and first by its own arguments, where a record says so)
+                    _GatedKernel(found, self._self_gate, name, _ALSO_NOTED.get(key, 0), repair)
+                    if noted
                     else _ArgumentRepairedKernel(found, repair, self._self_gate)  # by its own arguments
                 )
                 pair = self._self_kept[name] = (found, made)
@@ -438,7 +522,7 @@ def _gate_class():
     # clears an AttributeError before ``__getattr__`` runs), twice per kernel call.
     for name in KERNELS:
         setattr(FlashInferGate, name, _forwarded(name))
-    for name in set(KERNELS.values()) | {kernel for _, kernel in _ARGUMENT_REPAIRS}:
+    for name in set(KERNELS.values()) | {kernel for _, kernel in list(_ARGUMENT_REPAIRS) + list(_ALSO_NOTED)}:
         setattr(FlashInferSubmoduleGate, name, _forwarded(name))
     _gate_classes.update(flashinfer=FlashInferGate, submodule=FlashInferSubmoduleGate)
     return FlashInferGate

@@ -28,6 +28,7 @@ import copy
 import dataclasses
 import enum
 import functools
+import itertools
 import logging
 import os
 import pathlib
@@ -178,9 +179,19 @@ def _compile_functions(path, names, namespace):
     return namespace
 
 
+def _imported_from(release_dir, name):
+    """The file of the release the backend imports ``name`` from (``from X import name`` at its
+    top level), as a member of its wheel; None where it does not import it."""
+    for node in _tree(release_dir / BACKEND).body:
+        if isinstance(node, ast.ImportFrom) and node.module and any(a.name == name for a in node.names):
+            return node.module.replace(".", "/") + ".py"
+    return None
+
+
 def release_canonicalize_stride(release_dir):
-    """The release's own ``canonicalize_stride`` (plain PyTorch), from its attention utils."""
-    path = extra_file(release_dir, ATTENTION_UTILS)
+    """The release's own ``canonicalize_stride`` (plain PyTorch), from the file its backend imports
+    it from (``layers/attention/utils.py``; 0.5.16 on, ``sglang/kernels/ops/attention/utils.py``)."""
+    path = extra_file(release_dir, _imported_from(release_dir, "canonicalize_stride") or ATTENTION_UTILS)
     return _compile_functions(path, ["canonicalize_stride"], {"torch": torch})["canonicalize_stride"]
 
 
@@ -210,6 +221,15 @@ class _Kernel:
         return torch.zeros(query.shape, dtype=kwargs.get("out_dtype") or query.dtype)
 
 
+class _FmhaV2Kernel(_Kernel):
+    """fmha_v2 (0.5.19 on, SM90/SM120): SGLang passes ``(q, paged_kv)`` first, positionally."""
+
+    def __call__(self, qkv, **kwargs):
+        self.log.append((self.__name__, {"qkv": qkv, **kwargs}))
+        query = qkv[0]
+        return torch.zeros(query.shape, dtype=kwargs.get("out_dtype") or query.dtype)
+
+
 def flashinfer_recorder(log):
     """``flashinfer`` as the backend reaches it: ``flashinfer.<submodule>.<kernel>(**kwargs)``."""
     return types.SimpleNamespace(
@@ -217,7 +237,8 @@ def flashinfer_recorder(log):
             trtllm_batch_decode_with_kv_cache=_Kernel(log, "decode.trtllm_batch_decode_with_kv_cache")
         ),
         prefill=types.SimpleNamespace(
-            trtllm_batch_context_with_kv_cache=_Kernel(log, "prefill.trtllm_batch_context_with_kv_cache")
+            trtllm_batch_context_with_kv_cache=_Kernel(log, "prefill.trtllm_batch_context_with_kv_cache"),
+            trtllm_fmha_v2_prefill=_FmhaV2Kernel(log, "prefill.trtllm_fmha_v2_prefill"),
         ),
     )
 
@@ -314,15 +335,112 @@ def _add_globals(module, release_dir):
     if "canonicalize_stride" in ast.unparse(_backend_class(release_dir / BACKEND)):
         module.canonicalize_stride = release_canonicalize_stride(release_dir)
     imported = _imported_names(release_dir)
+    if "get_cp_strategy" in imported:  # 0.5.16 on: context parallelism, off unless a case turns it on
+        module.__dict__.update(_context_parallel_globals(module, release_dir))
     for name in RELEASE_CLASSES:
         if name in imported:
             module.__dict__[name] = release_class(release_dir, name)
     return module
 
 
+# --------------------------------------------------------------------------
+# 0.5.16 on: context parallelism, the fused FP8 QKV write, the base class's write scales
+
+CP_BASE = "sglang/srt/layers/cp/base.py"
+CP_ZIGZAG = "sglang/srt/layers/cp/zigzag.py"
+FUSED_QKV = "fused_fp8_qkv_kv_cache"  # a JIT CUDA kernel (0.5.16 on), imported inside a method
+
+
+def _release_top_class(path, name, namespace):
+    """The release's top-level class ``name``, compiled from ``path`` into ``namespace``."""
+    tree = _tree(path)
+    (node,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name]
+    futures = [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "__future__"]
+    exec(compile(ast.Module(body=futures + [node], type_ignores=[]), str(path), "exec"), namespace)
+    return namespace[name]
+
+
+def _release_methods(path, class_name, names, namespace, bases=()):
+    """A class holding the named methods of the release's class ``class_name`` (compiled from
+    ``path``, with their line numbers), over ``bases``."""
+    tree = _tree(path)
+    (node,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name]
+    functions = [n for n in node.body if isinstance(n, ast.FunctionDef) and n.name in names]
+    assert sorted(f.name for f in functions) == sorted(names), (path, class_name, names)
+    namespace = dict(namespace)
+    futures = [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "__future__"]
+    body = futures + [_holder_node(class_name, functions)]
+    exec(compile(ast.Module(body=body, type_ignores=[]), str(path), "exec"), namespace)
+    made = namespace[class_name]
+    return type(class_name, bases + (made,), {})
+
+
+def _holder_node(name, functions):
+    holder = ast.ClassDef(name=name, bases=[], keywords=[], body=functions, decorator_list=[])
+    if "type_params" in ast.ClassDef._fields:
+        holder.type_params = []
+    return ast.fix_missing_locations(ast.copy_location(holder, functions[0]))
+
+
+class _StrategyRecorder:
+    """What the zigzag strategy does beside dispatching attention: gathering the ranks' K/V into the
+    pool (a collective across the CP group) is recorded."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def materialize_full_kv(self, forward_batch, layer=None, k=None, v=None, swa_loc=None):
+        self.log.append(("materialize_full_kv", {"k": k, "v": v, "swa_loc": swa_loc}))
+
+
+def _context_parallel_globals(module, release_dir):
+    """``is_cp_v2_active`` / ``get_cp_strategy`` (off: no strategy, until ``kernel_calls`` puts the
+    case's in place) and the release's own ``CPAttentionBackendKind``; the zigzag strategy, for the
+    cases that turn context parallelism on: the release's own ``run_attention`` and
+    ``get_supported_attention_backend`` (compiled from its ``zigzag.py``), its K/V gather recorded."""
+    kind = _release_top_class(extra_file(release_dir, CP_BASE), "CPAttentionBackendKind", {"IntEnum": enum.IntEnum})
+    strategy = _release_methods(
+        extra_file(release_dir, CP_ZIGZAG),
+        "ZigzagCPStrategy",
+        ("run_attention", "get_supported_attention_backend"),
+        {"torch": torch, "CPAttentionBackendKind": kind, "Any": typing.Any, "Optional": typing.Optional},
+        bases=(_StrategyRecorder,),
+    )
+    state = {"strategy": None}
+    module._cp_state, module._cp_strategy_class = state, strategy
+    return {
+        "CPAttentionBackendKind": kind,
+        "get_cp_strategy": lambda: state["strategy"],
+        "is_cp_v2_active": lambda forward_batch: state["strategy"] is not None,
+        "is_cp_active": lambda forward_batch: state["strategy"] is not None,  # 0.5.21's name
+    }
+
+
+def _fused_qkv_module(release_dir):
+    """The module the release's backend imports the fused FP8 QKV kernel from, inside its method
+    (``sglang.jit_kernel...`` in 0.5.16, ``sglang.kernels.ops.kvcache...`` later); None without one."""
+    for node in ast.walk(_backend_class(release_dir / BACKEND)):
+        if isinstance(node, ast.ImportFrom) and any(a.name == FUSED_QKV for a in node.names):
+            return node.module
+    return None
+
+
+def fused_qkv_recorder(log):
+    """sgl's JIT ``fused_fp8_qkv_kv_cache`` (0.5.16 on; CUDA only): its call is recorded, and it
+    returns what the method then uses as its query: ``q`` cast to FP8 where it was given one."""
+
+    def fused_fp8_qkv_kv_cache(q=None, **kwargs):
+        log.append(("fused_fp8_qkv_kv_cache", {"q": q, **kwargs}))
+        return None if q is None else q.to(FP8)
+
+    return types.SimpleNamespace(fused_fp8_qkv_kv_cache=fused_fp8_qkv_kv_cache)
+
+
 def load_backend_module(release_dir):
     """The release's backend module, unpatched (see the module's docstring)."""
-    return _add_globals(isolated_release.load_backend_module(release_dir), release_dir)
+    module = isolated_release.load_backend_module(release_dir)
+    module._release_dir = release_dir
+    return _add_globals(module, release_dir)
 
 
 # --------------------------------------------------------------------------
@@ -535,22 +653,34 @@ FUSED_WRITE, SWA_TRANSLATOR = "_fused_fp8_set_kv_buffer", "_get_layer_cache_loc"
 CONTEXT_KERNEL = "trtllm_batch_context_with_kv_cache"
 
 
-def _context_calls(method):
+FMHA_V2_KERNEL = "trtllm_fmha_v2_prefill"
+
+
+def _context_calls(method, kernel=CONTEXT_KERNEL):
     return [
         node
         for node in ast.walk(method)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == CONTEXT_KERNEL
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == kernel
     ]
 
 
 def _apply_encoder_only_mask(method, fixed_methods):
     """0.5.22's ``causal=`` keyword of its context-kernel call (in ``forward_extend``, whose nested
-    ``_trtllm_context_attn`` makes the call), added to the release's one context-kernel call."""
+    ``_trtllm_context_attn`` makes the call), added to the release's one context-kernel call; and
+    where the release calls fmha_v2 (0.5.19 on), 0.5.22's ``mask_mode=`` keyword of its fmha_v2 call
+    in place of the release's."""
     (fixed_call,) = _context_calls(fixed_methods["forward_extend"])
     (keyword,) = [k for k in fixed_call.keywords if k.arg == "causal"]
     (call,) = _context_calls(method)
     assert not [k for k in call.keywords if k.arg == "causal"], "the release already passes causal"
     call.keywords.append(copy.deepcopy(keyword))
+    calls = _context_calls(method, FMHA_V2_KERNEL)
+    if calls:
+        (fixed_call,) = _context_calls(fixed_methods["forward_extend"], FMHA_V2_KERNEL)
+        (keyword,) = [k for k in fixed_call.keywords if k.arg == "mask_mode"]
+        (call,) = calls
+        (at,) = [i for i, k in enumerate(call.keywords) if k.arg == "mask_mode"]
+        call.keywords[at] = copy.deepcopy(keyword)
 
 
 def _is_cache_loc(statement):
@@ -645,7 +775,12 @@ KV_DTYPES = {"fp8": FP8, "bf16": torch.bfloat16}
 # packed: q as its own tensor; strided: ``q, k, v = qkv.split(...)`` of a fused projection, the
 # view every Llama-family model, EAGLE3 Llama draft and gpt-oss hands the backend.
 LAYOUTS = ("packed", "strided")
-MODES = {"decode": "forward_decode", "extend": "forward_extend", "target_verify": "forward_extend"}
+MODES = {
+    "decode": "forward_decode",
+    "extend": "forward_extend",
+    "target_verify": "forward_extend",
+    "draft_extend_v2": "forward_extend",  # 0.5.16 on; only in cases a test makes itself
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -660,6 +795,7 @@ class Case:
     attributes: typing.FrozenSet[str]  # the backend object's attributes (backend_attributes)
     layout: str = "packed"  # key of LAYOUTS: how the method's q lies in memory
     attn_type: str = "DECODER"  # the layer's AttentionType member (ENCODER_ONLY: bidirectional)
+    cp: bool = False  # context parallelism (0.5.16 on): the release's zigzag strategy runs the prefill
 
     @property
     def method(self):
@@ -679,7 +815,7 @@ def cases(release):
     release_dir = release_selection.release_dir(release)
     features = release_features(release_dir)
     attributes = frozenset(backend_attributes(release_dir, release_selection.release_dir(FIXED_RELEASE)))
-    modes = [m for m in MODES if m != "target_verify" or features["target_verify"]]
+    modes = [m for m in MODES if (m != "target_verify" or features["target_verify"]) and m != "draft_extend_v2"]
     built = {}
     for kv in KV_DTYPES:
         for scales in SCALES:
@@ -710,7 +846,12 @@ def v_heads():
 
 MAX_CONTEXT_LEN = 64
 # Per mode: query tokens per request, and the KV length of each request after this step.
-LENGTHS = {"decode": ((1, 1), (6, 5)), "extend": ((3, 2), (7, 4)), "target_verify": ((3, 3), (8, 7))}
+LENGTHS = {
+    "decode": ((1, 1), (6, 5)),
+    "extend": ((3, 2), (7, 4)),
+    "target_verify": ((3, 3), (8, 7)),
+    "draft_extend_v2": ((3, 3), (8, 7)),
+}
 
 
 class KVPool:
@@ -758,11 +899,52 @@ def _metadata(module, case):
         "cu_seqlens_k": torch.cat([zero, kv_lens.cumsum(0, dtype=torch.int32)]),
         "page_table": torch.arange(1, 1 + 2 * 2, dtype=torch.int32).view(2, 2),
     }
+    if case.mode == "target_verify":
+        # 0.5.17 on: an ENCODER_ONLY verify runs each draft token as its own row over the whole window
+        # (built on the draft worker as cache_seqlens_int32[row_map], page_table[row_map]).
+        row_map = torch.repeat_interleave(torch.arange(len(kv_lens)), q_lens.long())
+        values["encoder_cache_seqlens"] = kv_lens[row_map]
+        values["encoder_page_table"] = values["page_table"][row_map]
+    if case.cp:
+        # 0.5.17 on: zigzag's halves as one batch of 2 * bs requests (each its request's pages)
+        values["zigzag_page_table"] = values["page_table"].repeat_interleave(2, dim=0)
     metadata = module.TRTLLMMHAMetadata()
     for field in dataclasses.fields(metadata):  # the release's own fields; the SWA ones stay None
         if field.name in values:
             setattr(metadata, field.name, values[field.name])
     return metadata
+
+
+def _zigzag_metadata(case):
+    """``forward_batch.attn_cp_metadata`` of the zigzag strategy for the case's requests, the
+    fields its ``run_attention`` reads: each request's new tokens split into a first ("prev") and a
+    second ("next") half, each half attending to the KV up to its last token."""
+    q_lens, kv_lens = LENGTHS[case.mode]
+    prev_q = [(q + 1) // 2 for q in q_lens]
+    next_q = [q - p for q, p in zip(q_lens, prev_q)]
+    prev_kv = [kv - q + p for kv, q, p in zip(kv_lens, q_lens, prev_q)]
+
+    def cu(lengths):
+        return torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.int32)
+
+    combined_q = [x for pair in zip(prev_q, next_q) for x in pair]
+    combined_kv = [x for pair in zip(prev_kv, kv_lens) for x in pair]
+    return types.SimpleNamespace(
+        total_q_prev_tokens=sum(prev_q),
+        total_q_next_tokens=sum(next_q),
+        cu_seqlens_q_prev_tensor=cu(prev_q),
+        cu_seqlens_q_next_tensor=cu(next_q),
+        kv_len_prev_tensor=torch.tensor(prev_kv, dtype=torch.int32),
+        kv_len_next_tensor=torch.tensor(kv_lens, dtype=torch.int32),
+        max_seqlen_q_prev=max(prev_q),
+        max_seqlen_q_next=max(next_q),
+        cu_seqlens_kv_prev_tensor=cu(prev_kv),
+        cu_seqlens_kv_next_tensor=cu(kv_lens),
+        cu_seqlens_q_combined_tensor=cu(combined_q),
+        kv_len_combined_tensor=torch.tensor(combined_kv, dtype=torch.int32),
+        max_seqlen_q_combined=max(combined_q),
+        cu_seqlens_kv_combined_tensor=cu(combined_kv),
+    )
 
 
 def _backend(module, case, pool):
@@ -780,12 +962,53 @@ def _backend(module, case, pool):
     }
     if case.xqa is not None:
         available["is_xqa_impl"] = case.xqa
+    # 0.5.16 on, as __init__ sets them for a BF16 or FP8 cache on CPU (no native FP4)
+    available.update(
+        decode_uses_native_fp4=False,
+        is_nvfp4_kvcache=False,
+        device=torch.device("cpu"),
+        _default_kv_scale=torch.ones(1, dtype=torch.float32),  # __init__'s get_buffer factory
+        _multi_ctas_kv_counter_buffer=torch.zeros(8, dtype=torch.int32),  # a kernel's buffer, unread here
+        kv_cache_quant_method=_plain_quant_method(module) if "kv_cache_quant_method" in case.attributes else None,
+        # 0.5.19 on: fmha_v2 prefills where XQA decodes (SM90/SM120), one decode split (SGLang's default)
+        use_fmha_v2=bool(case.xqa),
+        decode_seq_len_splits=1,
+        # 0.5.21: no native FP4 anywhere; the spec-decoding mask unset
+        prefill_uses_native_fp4=False,
+        uses_trtllm_gen_native_fp4=False,
+        _nvfp4_fp8_output=None,
+        _xqa_spec_dec_mask=None,
+    )
+    if "_kv_write_scales" in case.attributes:  # FlashInfer's backend's method (the base class)
+        available["_kv_write_scales"] = _base_write_scales(module)
     missing = case.attributes - set(available)
     assert not missing, "the release's methods read attributes the harness does not give: %s" % sorted(missing)
     backend = object.__new__(module.TRTLLMHAAttnBackend)
     for name in case.attributes:
-        setattr(backend, name, available[name])
+        value = available[name]
+        setattr(backend, name, types.MethodType(value, backend) if isinstance(value, types.FunctionType) else value)
     return backend
+
+
+FLASHINFER_BACKEND = "sglang/srt/layers/attention/flashinfer_backend.py"
+KV_QUANT_METHOD = "sglang/srt/layers/quantization/fp4_kv_cache_quant_method.py"
+
+
+def _plain_quant_method(module):
+    """The KV cache's quantisation method for a BF16 or FP8 cache as ``_kv_write_scales`` asks it:
+    ``needs_global_scale`` of the release's ``KVCacheQuantMethodBase`` (compiled from its file; the
+    NVFP4 method alone overrides it)."""
+    path = extra_file(module._release_dir, KV_QUANT_METHOD)
+    holder = _release_methods(path, "KVCacheQuantMethodBase", ("needs_global_scale",), {})
+    return holder()
+
+
+def _base_write_scales(module):
+    """The release's ``FlashInferAttnBackend._kv_write_scales`` (the base class's), compiled from
+    its ``flashinfer_backend.py``."""
+    path = extra_file(module._release_dir, FLASHINFER_BACKEND)
+    holder = _release_methods(path, "FlashInferAttnBackend", ("_kv_write_scales",), {})
+    return holder.__dict__.get("_kv_write_scales") or holder.__mro__[1].__dict__["_kv_write_scales"]
 
 
 def _forward_batch(module, case, pool):
@@ -801,6 +1024,8 @@ def _forward_batch(module, case, pool):
         batch_size=len(q_lens),
         token_to_kv_pool=pool,
         spec_info=None,
+        _attn_output=None,  # 0.5.17 on: no preallocated output (the kernel allocates its own)
+        attn_cp_metadata=_zigzag_metadata(case) if case.cp else None,
     )
 
 
@@ -866,9 +1091,25 @@ def kernel_calls(module, case):
     q, k, v = inputs(case, generator)
     backend = _backend(module, case, pool)
     method = getattr(backend, case.method)  # through the class attribute, wrapped or not
-    out = method(
-        q, k, v, _layer(case), _forward_batch(module, case, pool), save_kv_cache=case.save_kv_cache, sinks=None
-    )
+    state = getattr(module, "_cp_state", None)
+    assert state is not None or not case.cp, "the release has no context parallelism"
+    fused = _fused_qkv_module(module._release_dir) if hasattr(module, "_release_dir") else None
+    previous = sys.modules.get(fused)
+    if fused is not None:  # what the method's import finds (sys.modules first): the recorder
+        sys.modules[fused] = fused_qkv_recorder(log)
+    if case.cp:
+        state["strategy"] = module._cp_strategy_class(log)
+    try:
+        out = method(
+            q, k, v, _layer(case), _forward_batch(module, case, pool), save_kv_cache=case.save_kv_cache, sinks=None
+        )
+    finally:
+        if state is not None:
+            state["strategy"] = None
+        if fused is not None and previous is None:
+            del sys.modules[fused]
+        elif fused is not None:
+            sys.modules[fused] = previous
     storages = named_storages(pool_k=pool.k_buffer, pool_v=pool.v_buffer, q=q, k=k, v=v)
     calls = [(name, plain(arguments, storages)) for name, arguments in log]
     del log[:]

@@ -212,13 +212,26 @@ def _release_get_buffer(release_dir, buffers):
     return types.MethodType(namespace["get_buffer"], owner)
 
 
-def load_module(release_dir, oracle=False, fixed_dir=None):
+def load_module(release_dir, oracle=False, fixed_dir=None, mask_dir=None):
     """The release's module (see the module's docstring); ``fixed_dir``: 0.5.23's files (by
-    default beside ``release_dir``)."""
+    default beside ``release_dir``); ``mask_dir`` (a folder holding 0.5.22): 0.5.22's ``causal=``
+    and ``mask_mode=`` arguments put in the release's context-kernel and fmha_v2 calls by AST
+    (``fp8_cases._apply_encoder_only_mask``), alone or with 0.5.23's change."""
     path = release_dir / BACKEND
     tree = _tree(path)
     if oracle:
         tree = upstream_fix(tree, _tree((fixed_dir or release_dir.parent / FIXED_RELEASE) / BACKEND))
+    if mask_dir is not None:
+        tree = copy.deepcopy(tree)
+        fixed_methods = {
+            n.name: n
+            for n in _class(_tree(mask_dir / BACKEND), "TRTLLMHAAttnBackend").body
+            if isinstance(n, ast.FunctionDef)
+        }
+        fp8_cases._apply_encoder_only_mask(
+            _method(_class(tree, "TRTLLMHAAttnBackend"), "forward_extend"), fixed_methods
+        )
+        ast.fix_missing_locations(tree)
     backend = _class(tree, "TRTLLMHAAttnBackend")
     backend.bases, backend.keywords = [ast.copy_location(ast.Name("_Parent", ast.Load()), backend)], []
     ast.fix_missing_locations(backend)
@@ -401,7 +414,7 @@ class KVPool:
         return self.k, self.v
 
 
-def layer():
+def layer(attn_type="DECODER"):
     return types.SimpleNamespace(
         layer_id=0,
         tp_q_head_num=HEADS,
@@ -415,7 +428,7 @@ def layer():
         k_scale_float=None,
         v_scale_float=None,
         sliding_window_size=-1,
-        attn_type=AttentionType.DECODER,
+        attn_type=AttentionType[attn_type],
         is_cross_attention=False,
     )
 
@@ -434,7 +447,7 @@ def _metadata(module, lengths, extend):
     )
 
 
-def _forward(module, backend, lengths, extend, seed):
+def _forward(module, backend, lengths, extend, seed, attn_type="DECODER"):
     generator = torch.Generator().manual_seed(seed)
     bs = len(lengths)
     tokens = sum(lengths) if extend else bs
@@ -450,21 +463,22 @@ def _forward(module, backend, lengths, extend, seed):
     qkv = torch.randn(tokens, (HEADS + 2 * KV_HEADS) * HEAD_DIM, generator=generator).to(torch.bfloat16)
     q, k, v = qkv.split([HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=-1)
     method = backend.forward_extend if extend else backend.forward_decode
-    return method(q, k, v, layer(), forward_batch, save_kv_cache=False)
+    return method(q, k, v, layer(attn_type), forward_batch, save_kv_cache=False)
 
 
 STEPS = (("extend", (130, 70)), ("decode", (131, 71)), ("extend", (40,)), ("decode", (41,)))
 
 
-def run(module, process, steps=STEPS):
+def run(module, process, steps=STEPS, attn_type="DECODER"):
     """A target backend and a draft backend (its own instance, one step id), each built by
-    SGLang's ``__init__`` in one process; then ``steps`` on each: the recorded kernel calls."""
+    SGLang's ``__init__`` in one process; then ``steps`` on each, a layer of ``attn_type``
+    (``ENCODER_ONLY``: bidirectional): the recorded kernel calls."""
     pool = KVPool()
     target = module.TRTLLMHAAttnBackend(model_runner(module, pool))
     draft = module.TRTLLMHAAttnBackend(model_runner(module, pool, draft=True), speculative_step_id=1)
     for backend in (target, draft):
         for seed, (kind, lengths) in enumerate(steps):
-            _forward(module, backend, lengths, kind == "extend", seed)
+            _forward(module, backend, lengths, kind == "extend", seed, attn_type)
     return {
         "calls": process.calls,
         "workspaces": [describe_workspace(b.workspace_buffer, process.shared_workspace()) for b in (target, draft)],
