@@ -170,7 +170,8 @@ def status(arguments):
                 )
             )
         reports.append(report)
-        texts.append(_human(report, state))
+        if arguments.verbose:  # the blocks are printed only on request
+            texts.append(_human(report, state))
         worst = max(worst, code)
     if not any(report["sglang_installed"] for report in reports):
         diagnose(state.overall_headline(reports, worst))
@@ -249,7 +250,8 @@ def _status_of_source(arguments, state):
                     "%s: %s: %s: %s" % (hotfix.name, assessment.source_path, assessment.verdict, assessment.reason)
                 )
         sources = [documents[-1]] if single else documents[-1]["sources"]
-        texts.append("".join(_human(r, state) + ("\n" if len(sources) > 1 else "") for r in sources))
+        if arguments.verbose:
+            texts.append("".join(_human(r, state) + ("\n" if len(sources) > 1 else "") for r in sources))
         worst = max(worst, code)
     lines, code = _source_headlines(documents, state)
     worst = max(worst, code)  # a part of the folder that could not be read keeps its 3

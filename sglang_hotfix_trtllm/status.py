@@ -383,9 +383,9 @@ def _why_open(report):
     """Why a record's bug would run, for the first line. An unrepairable record's whole reason is
     its block's (who it concerns, why no wrapper repairs it): here only what fixes it."""
     if report["verdict"] == "unrepairable" and report["decision"] == engine.Action.UNREPAIRABLE.value:
-        return "a bug this hotfix recognises but cannot repair here; %s fixes it (%s)" % (
-            report.get("upstream") or "upstream",
-            "`status --verbose`: who it concerns",
+        return (
+            "a bug this hotfix recognises but cannot repair here; %s fixes it (`status --verbose`: who it concerns)"
+            % (report.get("upstream") or "upstream")
         )
     return report["would_patch_reason"]
 
