@@ -149,6 +149,8 @@ def test_source_folder_with_unknown_code_exits_2(image_root, installed_backend_s
     )
     ran = run_cli("status", "--source", str(image_root))
     assert ran.returncode == 2 and "unknown" in ran.stderr and str(bad) in ran.stderr
+    # The file's own line names it (it read "CANNOT PATCH: record …" without the path).
+    assert any(line.startswith("CANNOT PATCH: %s: record " % bad) for line in ran.stdout.splitlines()), ran.stdout
 
 
 @pytest.mark.parametrize("case", ["missing", "empty_folder", "unreadable"])
