@@ -82,12 +82,14 @@ class Joined:
     wrapt's ``enabled`` question (any record on); ``active`` holds the names of the records on, in
     the order they were applied (livepatch's stack: the engine applies in the catalog's order, so
     this module needs to know no record), and ``hotfixes`` each one's ``Hotfix`` by name (what a
-    site's wrapper hands back to ``arm_gates``)."""
+    site's wrapper hands back to ``arm_gates``). ``derived``: what the wrapper derives from
+    ``hotfixes`` and keeps for its calls (its own; this module only makes room for it): a
+    ``refresh`` makes a new ``hotfixes``, so the wrapper can tell a stale one by identity."""
 
-    __slots__ = ("entries", "active", "hotfixes", "__weakref__")
+    __slots__ = ("entries", "active", "hotfixes", "derived", "__weakref__")
 
     def __init__(self):
-        self.entries, self.active, self.hotfixes = [], (), {}
+        self.entries, self.active, self.hotfixes, self.derived = [], (), {}, None
 
     def add(self, entry):
         self.entries.append(entry)

@@ -499,3 +499,31 @@ def test_pr31667_stays_in_force_when_the_gate_it_does_not_use_is_replaced():
         assert _needing_call_through(module, RECORDS["pr31667"], 14)
     finally:
         patch.remove_all()
+
+
+def test_a_record_joined_after_the_first_call_repairs_the_next_one():
+    """The site keeps what it asks at each call (the records' tests, which repair before the
+    method) until the records on change: a record joined after calls were made (pr31667 after
+    pr28144 on one FP8 call), and one removed and applied again, are in force from the next call."""
+    module = fp8_cases.load_backend_module(release_selection.release_dir(RELEASE))
+    call, _ = _call(module, _case(RECORDS["pr28144"].needs), 13)
+    first, second = RECORDS["pr28144"], RECORDS["pr31667"]
+    try:
+        patch.wrap(first.hotfix, module, detect.assess_module(first.hotfix, module))
+        del fp8_cases._LOGS[module][:]
+        call()
+        (alone,) = _kernel_calls(module)
+        assert first.repaired(alone) and not second.repaired(alone)  # the query as SGLang reshaped it
+        patch.wrap(second.hotfix, module, detect.assess_module(second.hotfix, module))
+        call()
+        patch.remove_all()
+        call()
+        for record in (first, second):
+            patch.wrap(record.hotfix, module, detect.assess_module(record.hotfix, module))
+        call()
+    finally:
+        patch.remove_all()
+    _, joined, removed, again = _kernel_calls(module)
+    assert first.repaired(joined) and second.repaired(joined)
+    assert not first.repaired(removed) and not second.repaired(removed)
+    assert first.repaired(again) and second.repaired(again)

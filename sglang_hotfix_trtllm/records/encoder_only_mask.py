@@ -156,8 +156,9 @@ def _encoder_only(layer):
 
 def needs_repair(backend, layer, q, wrapped):
     """A ``forward_extend`` call of an ``ENCODER_ONLY`` layer (attribute reads only): the one call
-    whose prefill kernel upstream passes something the release does not."""
-    return wrapped.__name__ == METHOD and _encoder_only(layer)
+    whose prefill kernel upstream passes something the release does not (the record wraps
+    ``forward_extend`` alone: the site asks it of no other call)."""
+    return _encoder_only(layer)
 
 
 def upstream_arguments(call, kwargs):

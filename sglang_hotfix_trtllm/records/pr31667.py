@@ -59,8 +59,9 @@ UPSTREAM_STATEMENT = "if self.is_xqa_impl:\n    %s\nelse:\n    %s" % (PACKED, RE
 
 def needs_repair(backend, layer, q, wrapped):
     """True where 0.5.16 passes another query: ``forward_decode`` on XQA with a query that is not
-    contiguous (of a contiguous one, ``reshape`` and ``.contiguous().view`` give the same view)."""
-    return wrapped.__name__ == METHOD and bool(getattr(backend, "is_xqa_impl", False)) and not q.is_contiguous()
+    contiguous (of a contiguous one, ``reshape`` and ``.contiguous().view`` give the same view). The
+    record wraps ``forward_decode`` alone: the site asks it of no other call."""
+    return bool(getattr(backend, "is_xqa_impl", False)) and not q.is_contiguous()
 
 
 def upstream_query(backend, layer, q):

@@ -11,10 +11,13 @@ argument: pr31667's packed query), or ``repair(call, kwargs)``, which returns th
 arguments as upstream's change passes them, SGLang's own objects wherever it leaves them (values
 the method computes: pr28144's scales, pr17732's K/V views). ``patch`` joins the records of this
 site on a method they share (``Hotfix.site``): the wrapper learns which are on from
-``joined.active``, in the order applied (each repairs its own argument), so records compose as
-upstream's changes do, each with its own verdict, switch, line, status block and metric.
+``joined.hotfixes``, in the order applied (each repairs its own argument), so records compose as
+upstream's changes do, each with its own verdict, switch, line, status block and metric (a
+record joins only the wrappers of the methods it names: pr31667's ``needs`` is never asked of a
+``forward_extend`` call).
 
-A call for which no record on says ``needs`` runs SGLang's method alone. Otherwise the ``before``
+A call pays for what it needs. One for which no record on says ``needs`` runs SGLang's method alone.
+One that needs only ``before`` repairs gets them and SGLang's method, with no note and no gate. Otherwise the ``before``
 repairs are made and SGLang's method called with their query; if a record repairs at the kernel,
 the call is noted (the backend, the layer, the query the method is called with, the forward batch,
 the records that need to repair it) for its duration, and the module's global ``flashinfer``
@@ -34,6 +37,7 @@ pass with SGLang's arguments and count as the call's kernel call.
 """
 
 import contextvars
+import functools
 import sys
 
 from .. import logs
@@ -64,7 +68,9 @@ def register(name, needs, repair=None, before=None):
     layer, q)``, the query SGLang's method is called with instead of its own (for a repair that
     upstream's change makes on the method's own argument: no note, no gate, nothing at the kernel
     call). ``before`` must give the kernel exactly upstream's tensor once SGLang's method has
-    prepared it; what it raises skips the repair for that call, with the record's warning."""
+    prepared it; what it raises skips the repair for that call, with the record's warning.
+    ``needs`` is asked only of calls of the methods the record wraps (``Hotfix.method_names``: a
+    record joins only their wrappers), so it need not test which method is called."""
     _NEEDS[name] = needs
     if before is not None:
         _BEFORE[name] = before
@@ -128,7 +134,7 @@ class Call:
         self.function, self.method = function, function.__name__  # SGLang's method, as wrapt calls it
         self.backend, self.q, self.layer, self.forward_batch = backend, q, layer, forward_batch
         self.needed = needed  # the records that repair this call at the kernel, in the order applied
-        self.hotfixes = hotfixes  # their Hotfix objects (the gate is armed through them)
+        self.hotfixes = hotfixes  # the Hotfix objects of the records on, by name (the gate is armed through them)
         self.used = False  # a kernel call of the method's own got the repairs (further ones: _GatedKernel)
         self.kernel = None  # the name of the kernel being called, once the gate sees the call
         self.delegated = False  # a kernel call made for the method by a delegate (register_delegate) passed
@@ -146,23 +152,49 @@ def _target(method):
     return "%s.%s.%s" % (MODULE, CLASS_NAME, method)
 
 
+class _Plan:
+    """What a wrapper asks at each call, for the records on (``joined.hotfixes``): their tests in
+    the order applied, and which repair before SGLang's method (``before``). Made at the first call
+    after the records on change (a new ``hotfixes`` object) and kept on the joined records
+    (``joined.derived``): no dictionary lookup per record per call."""
+
+    __slots__ = ("hotfixes", "tests", "before")
+
+    def __init__(self, hotfixes):
+        self.hotfixes = hotfixes
+        self.tests = tuple((name, _NEEDS[name]) for name in hotfixes)
+        self.before = {name: _BEFORE[name] for name in hotfixes if name in _BEFORE}
+
+
+def _plan(joined):
+    hotfixes = joined.hotfixes  # one read: remove() in another thread may replace it meanwhile
+    plan = joined.derived
+    if plan is None or plan.hotfixes is not hotfixes:
+        plan = joined.derived = _Plan(hotfixes)
+    return plan
+
+
 def note_the_call(module, joined, wrapped, instance, args, kwargs):
     """wrapt wrapper of ``forward_decode`` and ``forward_extend`` for the records on
-    (``joined.active``). A call no record needs to repair runs SGLang's method and nothing else. A
-    repair made on the method's query (``before``) is made here, and SGLang's method called with
+    (``joined.hotfixes``). A call no record needs to repair runs SGLang's method and nothing else.
+    A repair made on the method's query (``before``) is made here, and SGLang's method called with
     it; one the gate makes is noted for the gate until the method returns. A call the method
     rejects raises SGLang's own error (binding here fails quietly). The common call, needing
-    nothing, costs the checks and one context-variable read: every SGLang decode layer runs it."""
+    nothing, costs the plan's identity check, the tests of the records on and one context-variable
+    read: every SGLang decode layer runs it."""
     needed = None
     try:
+        plan = joined.derived
+        if plan is None or plan.hotfixes is not joined.hotfixes:
+            plan = _plan(joined)
         if instance is not None and len(args) > 3:  # SGLang's positional call (RadixAttention -> forward)
             backend, q, layer = instance, args[0], args[3]
         else:
             backend, q, layer, _ = (
                 _arguments(*args, **kwargs) if instance is None else _arguments(instance, *args, **kwargs)
             )
-        for name in joined.active:
-            if _NEEDS[name](backend, layer, q, wrapped):
+        for name, needs in plan.tests:
+            if needs(backend, layer, q, wrapped):
                 needed = (needed or ()) + (name,)
     except Exception:
         needed = None  # SGLang's method raises its own error, or runs as it would
@@ -170,37 +202,39 @@ def note_the_call(module, joined, wrapped, instance, args, kwargs):
         if _current_call.get() is None:  # _run_unnoted's first test, inline: every layer's call makes it
             return wrapped(*args, **kwargs)
         return _run_unnoted(wrapped, args, kwargs)
-    return _repaired_call(module, joined, wrapped, instance, args, kwargs, backend, layer, q, needed)
-
-
-def _repaired_call(module, joined, wrapped, instance, args, kwargs, backend, layer, q, needed):
-    """A call some records need to repair: the query repairs first (``before``: SGLang's method is
-    called with their query), then, if any record repairs at the kernel, the call noted for the gate."""
     gated = ()
+    before = plan.before
     for name in needed:  # in order: a later record sees the query an earlier one gave the method
-        before = _BEFORE.get(name)
-        if before is None:
+        repair = before.get(name)
+        if repair is None:
             gated += (name,)
             continue
         try:
-            q = before(backend, layer, q)
+            q = repair(backend, layer, q)
         except Exception as error:
             logs.repair_skipped(_target(wrapped.__name__), name, error, kind="not-computed")
             continue
         args, kwargs = _with_query(instance, args, kwargs, q)
     if not gated:
         return _run_unnoted(wrapped, args, kwargs)
+    return _noted_call(module, joined, plan, wrapped, instance, args, kwargs, gated)
+
+
+def _noted_call(module, joined, plan, wrapped, instance, args, kwargs, gated):
+    """A call some records repair at the kernel (``gated``): noted for the gate while SGLang's
+    method runs (called with the query the ``before`` repairs gave it)."""
     try:
         backend, q, layer, forward_batch = (
             _arguments(*args, **kwargs) if instance is None else _arguments(instance, *args, **kwargs)
         )
     except Exception:
         return _run_unnoted(wrapped, args, kwargs)
-    hotfixes = joined.hotfixes  # one read: remove() in another thread may replace it meanwhile
-    gated = tuple(name for name in gated if name in hotfixes)  # removed since: as with the record off
-    if not gated:
-        return _run_unnoted(wrapped, args, kwargs)
-    call = Call(wrapped, backend, q, layer, forward_batch, gated, [hotfixes[name] for name in gated])
+    hotfixes = joined.hotfixes
+    if hotfixes is not plan.hotfixes:  # remove() ran since the plan was read: as with those records off
+        gated = tuple(name for name in gated if name in hotfixes)
+        if not gated:
+            return _run_unnoted(wrapped, args, kwargs)
+    call = Call(wrapped, backend, q, layer, forward_batch, gated, hotfixes)
     return _run_noted_here(module, wrapped, args, kwargs, call)
 
 
@@ -235,10 +269,12 @@ def _skipped(call, error, kind, records=None):
 def _run_noted_call(module, wrapped, args, kwargs, call):
     """SGLang's method with ``call`` noted for the gate until it returns (the gate put in the
     module first, if it is not there yet)."""
-    if not _gate_in_place(module, call.hotfixes):
-        _skipped(call, LookupError(_no_gate_reason(module)), "no-gate")
-        return wrapped(*args, **kwargs)
-    gate = module.__dict__[GATED_GLOBAL]
+    gate = module.__dict__.get(GATED_GLOBAL)
+    if type(gate) is not _gate_classes.get("flashinfer") or not gate._self_hotfix_on:  # _gate_on, inline
+        if not _gate_in_place(module, call.hotfixes, call.needed):
+            _skipped(call, LookupError(_no_gate_reason(module)), "no-gate")
+            return wrapped(*args, **kwargs)
+        gate = module.__dict__[GATED_GLOBAL]
     token = _current_call.set(call)
     try:
         result = wrapped(*args, **kwargs)
@@ -316,14 +352,14 @@ def _gate_on(module):
     return type(current) is _gate_classes.get("flashinfer") and current._self_hotfix_on
 
 
-def _gate_in_place(module, hotfixes):
+def _gate_in_place(module, hotfixes, needed):
     """The gate is the module's ``flashinfer`` (put there now if it is not yet: the first call
     that needs a repair arms it, through the records that need it). False when it cannot be put there."""
     if _gate_on(module):
         return True
     from .. import patch
 
-    return any(patch.arm_gates(hotfix, module) for hotfix in hotfixes)
+    return any(patch.arm_gates(hotfixes[name], module) for name in needed if name in hotfixes)
 
 
 def _no_gate_reason(module):
@@ -530,19 +566,18 @@ def _gate_class():
     # as properties: found on the class, they cost no failed lookup (a wrapt proxy's miss raises and
     # clears an AttributeError before ``__getattr__`` runs), twice per kernel call.
     for name in KERNELS:
-        setattr(FlashInferGate, name, _forwarded(name))
+        setattr(FlashInferGate, name, _forwarded(FlashInferGate, name))
     for name in set(KERNELS.values()) | {kernel for _, kernel in list(_ARGUMENT_REPAIRS) + list(_ALSO_NOTED)}:
-        setattr(FlashInferSubmoduleGate, name, _forwarded(name))
+        setattr(FlashInferSubmoduleGate, name, _forwarded(FlashInferSubmoduleGate, name))
     _gate_classes.update(flashinfer=FlashInferGate, submodule=FlashInferSubmoduleGate)
     return FlashInferGate
 
 
-def _forwarded(name):
-    """A property answering ``name`` as the class's ``__getattr__`` does, its writes and deletions
-    going to the gated object (as a wrapt proxy sends them: ``mock.patch`` through the gate)."""
-
-    def get(self):
-        return type(self).__getattr__(self, name)
+def _forwarded(cls, name):
+    """A property answering ``name`` as the class's ``__getattr__`` does (that function itself, its
+    name bound by ``functools.partial``: no frame of its own), its writes and deletions going to
+    the gated object (as a wrapt proxy sends them: ``mock.patch`` through the gate)."""
+    get = functools.partial(cls.__getattr__, name=name)
 
     def set_(self, value):
         setattr(self.__wrapped__, name, value)

@@ -1,8 +1,10 @@
 """Issue 38, item 1: what the hotfix costs a decode step against upstream's own fix, in one process,
 the arms interleaved. SGLang 0.5.12's own ``TRTLLMHAAttnBackend.forward_decode`` for 32 layers with
-real kernels (XQA on the H200), three arms:
+real kernels (XQA on the H200), four arms:
 
 * ``release``: SGLang's module as shipped (the hotfix removed);
+* ``wrapt``: the release with ``forward_decode`` under a plain ``wrapt.FunctionWrapper`` whose body
+  only calls it (what any wrapt wrapper of the method costs: the floor of the project's rule);
 * ``hotfix``: the same module with the hotfix applied (``sglang_hotfix_trtllm.apply()``);
 * ``anchor``: SGLang's file with upstream's changes for the records that apply inserted into its
   source (``tools/anchor_source.py``: PR #28144 as 0.5.15 has it, PR #31667 as 0.5.16 has it),
@@ -10,6 +12,8 @@ real kernels (XQA on the H200), three arms:
 
     python decode_step_anchor_worker.py --anchor .gpu/anchor/trtllm_mha_backend_anchor.py
     python decode_step_anchor_worker.py --anchor ... --cpu-dry-run   # CPU, a torch stand-in kernel
+    py-spy record --native -f raw -o hotfix.txt -- \
+        python decode_step_anchor_worker.py --anchor ... --spin hotfix --cases fp8_scaled --spin-s 20
 
 Cases (``decode_step_ab_worker.build_case``: one SGLang pool of 32 layers, batch 32, contexts up to
 1023, each layer its own fused qkv): ``bf16_strided`` (a ``qkv.split`` query: pr31667 repairs
@@ -55,7 +59,7 @@ from decode_step_ab_worker import (  # noqa: E402
     where_it_runs,
 )
 
-ARMS = ("release", "hotfix", "anchor")
+ARMS = ("release", "wrapt", "hotfix", "anchor")
 ANCHOR_MODULE = "sglang.srt.layers.attention.trtllm_mha_backend_anchor"
 # name: (decode_step_ab_worker's case, query layout)
 CASES = {
@@ -96,23 +100,49 @@ def arm_step(arm, case, save_kv_cache):
     return functools.partial(decode_step, backend, case.layers, case.inputs, case.forward_batch, save_kv_cache)
 
 
+def _passthrough_wrapper(cls):
+    """SGLang's ``forward_decode`` under a plain ``wrapt.FunctionWrapper`` with a pass-through body:
+    what any wrapt wrapper of the method costs (the ``wrapt`` arm)."""
+    import wrapt
+
+    return wrapt.FunctionWrapper(cls.__dict__["forward_decode"], _passthrough)
+
+
+def enter(arm, hotfix, cls, passthrough):
+    """The class as the arm runs it: the hotfix applied (``hotfix``), SGLang's method under a
+    pass-through wrapt wrapper (``wrapt``), or SGLang's method alone (``release``, ``anchor``: the
+    anchor's class is another)."""
+    set_state(arm == "hotfix", hotfix, cls)
+    if arm == "wrapt":
+        setattr(cls, "forward_decode", passthrough)
+
+
+def leave(arm, cls, passthrough):
+    if arm == "wrapt":
+        setattr(cls, "forward_decode", passthrough.__wrapped__)
+
+
 def interleaved(case, synchronize, hotfix, cls, plan, clock):
     """Blocks arm by arm, the six orders in turn; per arm the timed samples, per block its median."""
     samples = {arm: [] for arm in ARMS}
     blocks = []
     orders = list(itertools.permutations(ARMS))
+    passthrough = _passthrough_wrapper(cls)
     gc.collect()
     gc.disable()
     try:
         for index in range(plan["blocks"]):
-            if clock.left() < 0:
+            if clock.left() < 0 and blocks:  # the budget spent: at least one block, for the figures' sake
                 break
             medians = {}
             for arm in orders[index % len(orders)]:
-                set_state(arm == "hotfix", hotfix, cls)
-                run = case.steps[arm]
-                timed(run, synchronize, 1)
-                got = timed(run, synchronize, plan["steps"])
+                enter(arm, hotfix, cls, passthrough)
+                try:
+                    run = case.steps[arm]
+                    timed(run, synchronize, 1)
+                    got = timed(run, synchronize, plan["steps"])
+                finally:
+                    leave(arm, cls, passthrough)
                 samples[arm].extend(got)
                 medians[arm] = statistics.median(got)
             blocks.append(medians)
@@ -124,7 +154,7 @@ def interleaved(case, synchronize, hotfix, cls, plan, clock):
         "median_us": {arm: round(statistics.median(samples[arm]), 1) for arm in ARMS},
         "quartiles_us": {arm: quartiles(samples[arm]) for arm in ARMS},
     }
-    for a, b in (("hotfix", "anchor"), ("hotfix", "release"), ("anchor", "release")):
+    for a, b in (("hotfix", "anchor"), ("hotfix", "release"), ("anchor", "release"), ("wrapt", "release")):
         differences = [block[a] - block[b] for block in blocks]
         median = statistics.median(differences)
         low, high = median_interval(differences)
@@ -262,6 +292,41 @@ def call_costs(backend_module, anchor, ForwardMode, hotfix, cls, rounds, calls):
     return results
 
 
+def spin(options, backend_module, ForwardMode, anchor, hotfix, cls, device, size, synchronize):
+    """``--spin ARM``: the arm's step of the first case of ``--cases``, again and again for
+    ``--spin-s`` seconds, for a sampling profiler run around this process (``py-spy record --
+    python decode_step_anchor_worker.py --spin hotfix ...``): where the step's time goes on this
+    host. Prints the steps run and their mean time."""
+    name = options.cases.split(",")[0]
+    base, layout = CASES[name]
+    case = build_case(backend_module, ForwardMode, base, device, size, torch.Generator().manual_seed(0))
+    if layout == "packed":
+        case.inputs = packed(case.inputs)
+    case.anchor_backend = object.__new__(anchor.TRTLLMHAAttnBackend)
+    case.anchor_backend.__dict__.update(case.backend.__dict__)
+    run = arm_step(options.spin, case, False)
+    passthrough = _passthrough_wrapper(cls)
+    enter(options.spin, hotfix, cls, passthrough)
+    try:
+        timed(run, synchronize, 5)
+        gc.disable()
+        steps, started = 0, time.perf_counter()
+        while time.perf_counter() - started < options.spin_s:
+            run()
+            synchronize()
+            steps += 1
+        elapsed = time.perf_counter() - started
+    finally:
+        gc.enable()
+        leave(options.spin, cls, passthrough)
+        set_state(False, hotfix, cls)
+    print(
+        "SPIN:"
+        + json.dumps({"arm": options.spin, "case": name, "steps": steps, "step_us": round(elapsed / steps * 1e6, 1)})
+    )
+    return 0
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--anchor", required=True)
@@ -269,6 +334,8 @@ def main():
     parser.add_argument("--budget-s", type=float, default=300.0)
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--costs-only", action="store_true")
+    parser.add_argument("--spin", metavar="ARM", help="only run ARM's step of the first case for --spin-s (for py-spy)")
+    parser.add_argument("--spin-s", type=float, default=20.0)
     options = parser.parse_args()
     dry_run = options.cpu_dry_run
     clock = Clock(options.budget_s)
@@ -281,6 +348,8 @@ def main():
 
     cls = backend_module.TRTLLMHAAttnBackend
     hotfix.remove()
+    if options.spin:
+        return spin(options, backend_module, ForwardMode, anchor, hotfix, cls, device, size, synchronize)
     result = {
         "device": "cpu (dry run)" if dry_run else torch.cuda.get_device_name(),
         "torch": torch.__version__,

@@ -42,6 +42,7 @@ import json
 import os
 import pathlib
 import random
+import re
 import shutil
 import signal
 import statistics
@@ -117,13 +118,36 @@ def arm_environment(arm, site, plugin_target, anchor_copy):
     return base_env(PYTHONPATH=os.pathsep.join(str(p) for p in paths))
 
 
-def start(arm, model, eager, environment, workdir, out, label):
+def cpu_sets(arms):
+    """Disjoint CPU sets, one per arm, and one for this process (the load client): an idle SGLang
+    scheduler polls on a core, and two servers left to the OS share cores with each other's busy
+    threads (eager rounds varied by more than the arms differ). None where this host cannot tell."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+    share = len(cpus) // (len(arms) + 1)
+    if share < 2:
+        return None
+    sets = {arm: set(cpus[i * share : (i + 1) * share]) for i, arm in enumerate(arms)}
+    sets[None] = set(cpus[len(arms) * share :])
+    return sets
+
+
+def start(arm, model, eager, environment, workdir, out, label, cpus=None):
     port = free_port()
     argv = launch_server() + ["--model-path", str(model), "--port", str(port)] + FLAGS
     argv += ["--disable-cuda-graph"] if eager else ["--cuda-graph-max-bs", str(BATCH)]
     log_path = pathlib.Path(workdir) / ("%s.log" % label)
     began, facts = time.time(), {}
-    process = launch(argv, environment, log_path, workdir)
+    kept = os.sched_getaffinity(0) if cpus else None
+    if cpus:
+        os.sched_setaffinity(0, cpus)  # the server's processes inherit it
+    try:
+        process = launch(argv, environment, log_path, workdir)
+    finally:
+        if kept:
+            os.sched_setaffinity(0, kept)
     wait_until_healthy(process, port, began, facts)
     if "ready_s" in facts:
         return {"arm": arm, "port": port, "process": process, "log": log_path, "ready_s": facts["ready_s"]}
@@ -148,6 +172,22 @@ def load_round(port, batch, pool):
     seconds = time.perf_counter() - began
     outputs = [answer.get("output_ids") or [] for answer in answers]
     return seconds, outputs
+
+
+DECODE_LINE = re.compile(r"Decode batch, #running-req: (\d+), #token: (\d+),.*gen throughput \(token/s\): ([0-9.]+)")
+
+
+def decode_throughputs(text):
+    """The server's own decode figures (a line every 40 decode steps): tokens/s of the intervals
+    at the full batch that lie inside one round (the cache's token count grew since the line
+    before: the first line of a round also holds the idle time since the round before)."""
+    values, previous_tokens = [], None
+    for match in DECODE_LINE.finditer(text):
+        running, tokens, throughput = int(match.group(1)), int(match.group(2)), float(match.group(3))
+        if running == BATCH and previous_tokens is not None and tokens > previous_tokens:
+            values.append(throughput)
+        previous_tokens = tokens if running == BATCH else None
+    return values
 
 
 def compared(cycles, a, b):
@@ -208,6 +248,10 @@ def main():
     arms = tuple(options.arms.split(","))
     orders = [order for order in options.orders if set(order.split(",")) == set(arms)] or [options.arms]
     permutations = list(itertools.permutations(arms))
+    sets = cpu_sets(arms)
+    if sets:
+        os.sched_setaffinity(0, sets[None])
+        result["cpu_sets"] = {str(arm): sorted(cpus) for arm, cpus in sets.items()}
     with concurrent.futures.ThreadPoolExecutor(BATCH) as pool:
         for index, order_text in enumerate(orders):
             order = order_text.split(",")
@@ -218,7 +262,9 @@ def main():
                 for arm in order:
                     label = "server_ab_%s_%s_%s" % (mode, "-".join(order), arm)
                     environment = arm_environment(arm, options.site, options.plugin_target, anchor_copy)
-                    servers[arm] = start(arm, model, options.eager, environment, workdir, out, label)
+                    servers[arm] = start(
+                        arm, model, options.eager, environment, workdir, out, label, sets and sets[arm]
+                    )
                     facts["ready_s"][arm] = servers[arm]["ready_s"]
                 first = {}
                 for arm in order:  # one untimed round each: JIT, allocator, first graphs
@@ -248,6 +294,7 @@ def main():
                         line for line in text.splitlines() if "sglang-hotfix-trtllm" in line
                     ][:20]
                     facts.setdefault("decode_graph_lines", {})[arm] = text.count("cuda graph: True")
+                    facts.setdefault("decode_tokens_per_s", {})[arm] = decode_throughputs(text)
                     (out / (server["log"].name)).write_text(text[-60000:])
             result["summary"] = summary(by_order)
             (out / ("server_ab_%s.json" % mode)).write_text(json.dumps(result, indent=2))

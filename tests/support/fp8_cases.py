@@ -416,10 +416,13 @@ def _context_parallel_globals(module, release_dir):
     }
 
 
+@functools.lru_cache(maxsize=None)
 def _fused_qkv_module(release_dir):
     """The module the release's backend imports the fused FP8 QKV kernel from, inside its method
-    (``sglang.jit_kernel...`` in 0.5.16, ``sglang.kernels.ops.kvcache...`` later); None without one."""
-    for node in ast.walk(_backend_class(release_dir / BACKEND)):
+    (``sglang.jit_kernel...`` in 0.5.16, ``sglang.kernels.ops.kvcache...`` later); None without one.
+    Read from the cached tree, not a copy, once per release: every kernel call asks."""
+    tree = _tree(release_dir / BACKEND)
+    for node in ast.walk(next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == CLASS_NAME)):
         if isinstance(node, ast.ImportFrom) and any(a.name == FUSED_QKV for a in node.names):
             return node.module
     return None
