@@ -527,3 +527,31 @@ def test_a_record_joined_after_the_first_call_repairs_the_next_one():
     assert first.repaired(joined) and second.repaired(joined)
     assert not first.repaired(removed) and not second.repaired(removed)
     assert first.repaired(again) and second.repaired(again)
+
+
+@pytest.mark.parametrize("extra", [dict(layer=None), dict(q=None), dict(self=None)], ids=["layer", "q", "self"])
+def test_a_call_sglang_rejects_raises_its_own_error_and_arms_no_gate(caplog, extra):
+    """SGLang's positional call binds without asking ``_arguments`` (the site's fast path); a call
+    that also names one of those parameters by keyword is one SGLang's method rejects: its own
+    TypeError, no kernel call, no gate put in the module, nothing said."""
+    record = GATED
+    module = fp8_cases.load_backend_module(release_selection.release_dir(RELEASE))
+    case = _case(record.needs)
+    generator = torch.Generator().manual_seed(14)
+    pool = fp8_cases.KVPool(fp8_cases.CallLog(), fp8_cases.KV_DTYPES[case.kv], generator)
+    q, k, v = fp8_cases.inputs(case, generator)
+    backend = fp8_cases._backend(module, case, pool)
+    layer, batch = fp8_cases._layer(case), fp8_cases._forward_batch(module, case, pool)
+    own = module.flashinfer
+    with pytest.raises(TypeError) as unpatched:
+        backend.forward_decode(q, k, v, layer, batch, save_kv_cache=False, **extra)
+    patch.wrap(record.hotfix, module, detect.assess_module(record.hotfix, module))
+    try:
+        del fp8_cases._LOGS[module][:]
+        with caplog.at_level(logging.WARNING, logger=logs.LOGGER_NAME), pytest.raises(TypeError) as patched:
+            backend.forward_decode(q, k, v, layer, batch, save_kv_cache=False, **extra)
+        assert module.flashinfer is own
+    finally:
+        patch.remove_all()
+    assert str(patched.value) == str(unpatched.value)
+    assert _kernel_calls(module) == [] and [r for r in caplog.records if r.levelno >= logging.WARNING] == []

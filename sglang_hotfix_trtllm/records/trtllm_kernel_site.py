@@ -148,6 +148,10 @@ def _arguments(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs
     return self, q, layer, forward_batch
 
 
+# The parameters a call's five positional arguments fill: keywords naming none of them bind.
+_PARAMETERS = frozenset(("self", "q", "k", "v", "layer", "forward_batch"))
+
+
 def _target(method):
     return "%s.%s.%s" % (MODULE, CLASS_NAME, method)
 
@@ -217,18 +221,22 @@ def note_the_call(module, joined, wrapped, instance, args, kwargs):
         args, kwargs = _with_query(instance, args, kwargs, q)
     if not gated:
         return _run_unnoted(wrapped, args, kwargs)
-    return _noted_call(module, joined, plan, wrapped, instance, args, kwargs, gated)
+    if instance is not None and len(args) == 5 and _PARAMETERS.isdisjoint(kwargs):
+        # SGLang's own call (RadixAttention -> forward): it binds as ``_arguments`` would bind it
+        forward_batch = args[4]
+    else:
+        try:
+            backend, q, layer, forward_batch = (
+                _arguments(*args, **kwargs) if instance is None else _arguments(instance, *args, **kwargs)
+            )
+        except Exception:
+            return _run_unnoted(wrapped, args, kwargs)
+    return _noted_call(module, joined, plan, wrapped, args, kwargs, gated, backend, q, layer, forward_batch)
 
 
-def _noted_call(module, joined, plan, wrapped, instance, args, kwargs, gated):
+def _noted_call(module, joined, plan, wrapped, args, kwargs, gated, backend, q, layer, forward_batch):
     """A call some records repair at the kernel (``gated``): noted for the gate while SGLang's
     method runs (called with the query the ``before`` repairs gave it)."""
-    try:
-        backend, q, layer, forward_batch = (
-            _arguments(*args, **kwargs) if instance is None else _arguments(instance, *args, **kwargs)
-        )
-    except Exception:
-        return _run_unnoted(wrapped, args, kwargs)
     hotfixes = joined.hotfixes
     if hotfixes is not plan.hotfixes:  # remove() ran since the plan was read: as with those records off
         gated = tuple(name for name in gated if name in hotfixes)
