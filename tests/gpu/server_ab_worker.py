@@ -22,6 +22,10 @@ fixed set for every round and arm) and 128 new tokens (``ignore_eos``, greedy); 
 first request sent to the last answer. CUDA graphs on (``--cuda-graph-max-bs 64``: every decode
 batch of the round on a captured graph) or off (``--eager``: ``--disable-cuda-graph``).
 
+CPUs: each server runs on a CPU set of its own (by its place in the start order), this process on
+the rest (``cpu_sets``). Besides the round times, each server's own decode figures are kept
+(``decode_tokens_per_s``: its log's tokens/s at the full batch, intervals inside one round).
+
 Memory: each server is capped at 65,536 KV tokens (``--max-total-tokens``) with
 ``--mem-fraction-static 0.5`` of what is free when it starts, so the third server has room.
 
@@ -119,9 +123,11 @@ def arm_environment(arm, site, plugin_target, anchor_copy):
 
 
 def cpu_sets(arms):
-    """Disjoint CPU sets, one per arm, and one for this process (the load client): an idle SGLang
+    """Disjoint CPU sets, one per arm in the order given (the servers' start order: each arm gets
+    the first set in one order and another in the other, so a slower set, the one holding CPU 0 and
+    its interrupts, is not one arm's), and one for this process (the load client): an idle SGLang
     scheduler polls on a core, and two servers left to the OS share cores with each other's busy
-    threads (eager rounds varied by more than the arms differ). None where this host cannot tell."""
+    threads. None where this host cannot tell."""
     try:
         cpus = sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -248,16 +254,16 @@ def main():
     arms = tuple(options.arms.split(","))
     orders = [order for order in options.orders if set(order.split(",")) == set(arms)] or [options.arms]
     permutations = list(itertools.permutations(arms))
-    sets = cpu_sets(arms)
-    if sets:
-        os.sched_setaffinity(0, sets[None])
-        result["cpu_sets"] = {str(arm): sorted(cpus) for arm, cpus in sets.items()}
     with concurrent.futures.ThreadPoolExecutor(BATCH) as pool:
         for index, order_text in enumerate(orders):
             order = order_text.split(",")
             share = (options.budget_s - (time.time() - began)) / (len(orders) - index)
             order_began, servers = time.time(), {}
             facts = result["orders"][order_text] = {"ready_s": {}}
+            sets = cpu_sets(order)
+            if sets:
+                os.sched_setaffinity(0, sets[None])
+                facts["cpu_sets"] = {str(arm): sorted(cpus) for arm, cpus in sets.items()}
             try:
                 for arm in order:
                     label = "server_ab_%s_%s_%s" % (mode, "-".join(order), arm)
