@@ -361,9 +361,9 @@ def wrap(hotfix, module, assessment):
                 continue
             joined = Joined()
             entry = Applied(cls, hotfix, name, current, joined)
-            # A site's wrapper is told which of its records are on (``joined.active``).
+            # A site's wrapper is told which of its records are on (``joined.hotfixes``).
             bound = (module, joined) if hotfix.site is not None else (module,)
-            # wrapt asks ``enabled`` at each call; a site's wrapper reads ``joined.active`` itself (none
+            # wrapt asks ``enabled`` at each call; a site's wrapper reads ``joined.hotfixes`` itself (none
             # on: SGLang's method alone), so it is spared that call (every decode layer makes one).
             enabled = joined if hotfix.site is None else None
             wrapper = HotfixWrapper(current, functools.partial(hotfix.wrapper, *bound), enabled=enabled)

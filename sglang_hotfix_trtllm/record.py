@@ -106,7 +106,8 @@ class Hotfix(Value):
       ``wrapper`` and ``gates``; on a method they share, the first one applied wraps it and the
       others join that wrapper (one wrapt layer, one gate), each keeping its own verdict, switch,
       line, status block and metric. A site's wrapper is called as ``wrapper(module, joined,
-      wrapped, instance, args, kwargs)``, ``joined.active`` naming the records on, in catalog order.
+      wrapped, instance, args, kwargs)``, ``joined.hotfixes`` holding the records on (by name, in
+      catalog order; ``joined.active``: their names).
     * ``environment``: None, or ``environment()`` -> None, or the reason (naming the release that
       fixes the bug) why this Python cannot carry the repair although the code is affected
       (encoder_only_mask: the installed FlashInfer takes no ``causal``); the verdict on an installed

@@ -160,7 +160,10 @@ class _Plan:
     """What a wrapper asks at each call, for the records on (``joined.hotfixes``): their tests in
     the order applied, and which repair before SGLang's method (``before``). Made at the first call
     after the records on change (a new ``hotfixes`` object) and kept on the joined records
-    (``joined.derived``): no dictionary lookup per record per call."""
+    (``joined.derived``): no dictionary lookup per record per call. The records' functions are
+    taken as registered when the plan is made: records register when their module is imported,
+    before anything is wrapped (a ``register`` made later counts from the next change of the
+    records on)."""
 
     __slots__ = ("hotfixes", "tests", "before")
 
