@@ -20,7 +20,8 @@ tokenizer (``--skip-tokenizer-init``: requests and answers are token ids). Decod
 cache, radix cache off. A load round: 64 requests at once, each 512 random prompt tokens (one
 fixed set for every round and arm) and 128 new tokens (``ignore_eos``, greedy); its time is from the
 first request sent to the last answer. CUDA graphs on (``--cuda-graph-max-bs 64``: every decode
-batch of the round on a captured graph) or off (``--eager``: ``--disable-cuda-graph``).
+batch of the round on a captured graph) or off (``--eager``: ``--disable-cuda-graph``). Prefill's
+piecewise CUDA graphs are off in every arm (prefill is triton's, not what is compared).
 
 CPUs: each server runs on a CPU set of its own (by its place in the start order), this process on
 the rest (``cpu_sets``). Besides the round times, each server's own decode figures are kept
@@ -29,8 +30,8 @@ the rest (``cpu_sets``). Besides the round times, each server's own decode figur
 Memory: each server is capped at 65,536 KV tokens (``--max-total-tokens``) with
 ``--mem-fraction-static 0.5`` of what is free when it starts, so the third server has room.
 
-For each start order given, the servers start one after the other (each healthy before the next
-starts), take one untimed round each, then cycles: one round per arm, the six orders of the three
+For each start order given, the servers are launched together (an order names which CPU set each
+arm gets), take one untimed round each, then cycles: one round per arm, the six orders of the three
 arms in turn, until the order's share of ``--budget-s`` is spent; then all stop. Reported per pair
 of arms: the median over cycles of the percentage difference of round times, with a
 distribution-free 95% interval, pooled over the start orders and per order; the token counts, and
@@ -93,6 +94,9 @@ FLAGS = [
     "65536",
     "--max-running-requests",
     str(BATCH),
+    # Prefill runs on triton in every arm, outside what is compared; its piecewise CUDA-graph
+    # capture took 82 s of each server's start (about 150 s) and left the arms a few cycles.
+    "--disable-piecewise-cuda-graph",
 ] + BASE_FLAGS
 
 
@@ -140,12 +144,13 @@ def cpu_sets(arms):
     return sets
 
 
-def start(arm, model, eager, environment, workdir, out, label, cpus=None):
+def begin(arm, model, eager, environment, workdir, label, cpus=None):
+    """One server launched (not yet healthy), its processes on ``cpus``."""
     port = free_port()
     argv = launch_server() + ["--model-path", str(model), "--port", str(port)] + FLAGS
     argv += ["--disable-cuda-graph"] if eager else ["--cuda-graph-max-bs", str(BATCH)]
     log_path = pathlib.Path(workdir) / ("%s.log" % label)
-    began, facts = time.time(), {}
+    began = time.time()
     kept = os.sched_getaffinity(0) if cpus else None
     if cpus:
         os.sched_setaffinity(0, cpus)  # the server's processes inherit it
@@ -154,11 +159,18 @@ def start(arm, model, eager, environment, workdir, out, label, cpus=None):
     finally:
         if kept:
             os.sched_setaffinity(0, kept)
-    wait_until_healthy(process, port, began, facts)
+    return {"arm": arm, "port": port, "process": process, "log": log_path, "began": began}
+
+
+def ready(server):
+    """``server`` once healthy, with its ``ready_s``; stopped, and RuntimeError, where it died or hung."""
+    facts = {}
+    wait_until_healthy(server["process"], server["port"], server["began"], facts)
     if "ready_s" in facts:
-        return {"arm": arm, "port": port, "process": process, "log": log_path, "ready_s": facts["ready_s"]}
-    stop(process)
-    raise RuntimeError("%s did not become healthy (%s):\n%s" % (label, facts, log_path.read_text()[-4000:]))
+        return dict(server, ready_s=facts["ready_s"])
+    stop(server["process"])
+    tail = server["log"].read_text()[-4000:]
+    raise RuntimeError("%s did not become healthy (%s):\n%s" % (server["log"].stem, facts, tail))
 
 
 def generate(port, ids):
@@ -265,12 +277,12 @@ def main():
                 os.sched_setaffinity(0, sets[None])
                 facts["cpu_sets"] = {str(arm): sorted(cpus) for arm, cpus in sets.items()}
             try:
-                for arm in order:
+                for arm in order:  # launched together, each on its own CPU set: one start's wait, not three
                     label = "server_ab_%s_%s_%s" % (mode, "-".join(order), arm)
                     environment = arm_environment(arm, options.site, options.plugin_target, anchor_copy)
-                    servers[arm] = start(
-                        arm, model, options.eager, environment, workdir, out, label, sets and sets[arm]
-                    )
+                    servers[arm] = begin(arm, model, options.eager, environment, workdir, label, sets and sets[arm])
+                for arm in order:
+                    servers[arm] = ready(servers[arm])
                     facts["ready_s"][arm] = servers[arm]["ready_s"]
                 first = {}
                 for arm in order:  # one untimed round each: JIT, allocator, first graphs
