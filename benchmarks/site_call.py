@@ -28,7 +28,6 @@ import statistics
 import sys
 import time
 import timeit
-import types
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "gpu"))
@@ -57,29 +56,29 @@ def _setup(anchor_path):
 
 def _case(backend_module, ForwardMode, anchor, base, layout):
     from decode_step_ab_worker import SIZES, build_case
+    from decode_step_anchor_worker import for_arms, returning
 
-    case = build_case(
-        backend_module,
-        ForwardMode,
-        base,
-        torch.device("cpu"),
-        dict(SIZES["dry"], batch=2),
-        torch.Generator().manual_seed(5),
+    case = for_arms(
+        build_case(
+            backend_module,
+            ForwardMode,
+            base,
+            torch.device("cpu"),
+            dict(SIZES["dry"], batch=2),
+            torch.Generator().manual_seed(5),
+        ),
+        anchor,
+        layout,
     )
-    out = torch.zeros(2, 32, 128, dtype=torch.bfloat16)
-    stand_in = types.SimpleNamespace(decode=types.SimpleNamespace(trtllm_batch_decode_with_kv_cache=lambda **kw: out))
+    stand_in = returning(torch.zeros(2, 32, 128, dtype=torch.bfloat16))
     backend_module.flashinfer = anchor.flashinfer = stand_in
-    anchor_backend = object.__new__(anchor.TRTLLMHAAttnBackend)
-    anchor_backend.__dict__.update(case.backend.__dict__)
     layer = case.layers[0]
     q, k, v = case.inputs[0]
-    if layout == "packed":
-        q = q.contiguous()
 
     def run(backend):
         return backend.forward_decode(q, k, v, layer, case.forward_batch, save_kv_cache=False)
 
-    return case, anchor_backend, run, stand_in
+    return case, case.anchor_backend, run, stand_in
 
 
 def _timed(run, backend, calls):

@@ -95,6 +95,22 @@ def packed(inputs):
     return [(q.contiguous(), k, v) for q, k, v in inputs]
 
 
+def for_arms(case, anchor, layout):
+    """``case`` (``build_case``'s) as the arms run it: its queries packed for the ``packed`` layout,
+    and ``case.anchor_backend``, the anchor's class over the release backend's own state (the same
+    pool, metadata and workspace: only the method differs)."""
+    if layout == "packed":
+        case.inputs = packed(case.inputs)
+    case.anchor_backend = object.__new__(anchor.TRTLLMHAAttnBackend)
+    case.anchor_backend.__dict__.update(case.backend.__dict__)
+    return case
+
+
+def returning(out):
+    """A stand-in for FlashInfer whose decode kernel returns ``out``: what is left of a call is Python."""
+    return types.SimpleNamespace(decode=types.SimpleNamespace(trtllm_batch_decode_with_kv_cache=lambda **kwargs: out))
+
+
 def arm_step(arm, case, save_kv_cache):
     backend = case.anchor_backend if arm == "anchor" else case.backend
     return functools.partial(decode_step, backend, case.layers, case.inputs, case.forward_batch, save_kv_cache)
@@ -228,16 +244,8 @@ def call_costs(backend_module, anchor, ForwardMode, hotfix, cls, rounds, calls):
     from sglang_hotfix_trtllm import patch
 
     size = dict(SIZES["dry"], batch=32)
-    built = {
-        base: build_case(backend_module, ForwardMode, base, torch.device("cpu"), size, torch.Generator().manual_seed(5))
-        for base in ("bf16_no_scales", "fp8_scaled")
-    }
-    out = torch.zeros(size["batch"], 32, 128, dtype=torch.bfloat16)
-    stand_in = types.SimpleNamespace(
-        decode=types.SimpleNamespace(trtllm_batch_decode_with_kv_cache=lambda **kwargs: out)
-    )
     kept = backend_module.__dict__["flashinfer"], anchor.__dict__["flashinfer"]
-    backend_module.flashinfer = anchor.flashinfer = stand_in
+    backend_module.flashinfer = anchor.flashinfer = returning(torch.zeros(size["batch"], 32, 128, dtype=torch.bfloat16))
     original = cls.__dict__["forward_decode"]
     joined = patch.Joined()
     joined.active = ("pass-through",)
@@ -251,13 +259,15 @@ def call_costs(backend_module, anchor, ForwardMode, hotfix, cls, rounds, calls):
     results = {}
     try:
         for name, (base, layout) in CASES.items():
-            case = built[base]
-            anchor_backend = object.__new__(anchor.TRTLLMHAAttnBackend)
-            anchor_backend.__dict__.update(case.backend.__dict__)
-            layer = case.layers[0]
+            case = for_arms(
+                build_case(
+                    backend_module, ForwardMode, base, torch.device("cpu"), size, torch.Generator().manual_seed(5)
+                ),
+                anchor,
+                layout,
+            )
+            anchor_backend, layer = case.anchor_backend, case.layers[0]
             q, k, v = case.inputs[0]
-            if layout == "packed":
-                q = q.contiguous()
             arms = list(variants) + ["hotfix", "anchor"]
             times = {arm: [] for arm in arms}
             for round_ in range(rounds):
@@ -299,11 +309,9 @@ def spin(options, backend_module, ForwardMode, anchor, hotfix, cls, device, size
     host. Prints the steps run and their mean time."""
     name = options.cases.split(",")[0]
     base, layout = CASES[name]
-    case = build_case(backend_module, ForwardMode, base, device, size, torch.Generator().manual_seed(0))
-    if layout == "packed":
-        case.inputs = packed(case.inputs)
-    case.anchor_backend = object.__new__(anchor.TRTLLMHAAttnBackend)
-    case.anchor_backend.__dict__.update(case.backend.__dict__)
+    case = for_arms(
+        build_case(backend_module, ForwardMode, base, device, size, torch.Generator().manual_seed(0)), anchor, layout
+    )
     run = arm_step(options.spin, case, False)
     passthrough = _passthrough_wrapper(cls)
     enter(options.spin, hotfix, cls, passthrough)
@@ -373,11 +381,7 @@ def main():
         share = Clock(max(clock.left(), 0) / (len(names) - index))
         base, layout = CASES[name]
         try:
-            case = build_case(backend_module, ForwardMode, base, device, size, generator)
-            if layout == "packed":
-                case.inputs = packed(case.inputs)
-            case.anchor_backend = object.__new__(anchor.TRTLLMHAAttnBackend)
-            case.anchor_backend.__dict__.update(case.backend.__dict__)
+            case = for_arms(build_case(backend_module, ForwardMode, base, device, size, generator), anchor, layout)
             case.steps = {arm: arm_step(arm, case, False) for arm in ARMS}
             outputs = {}
             for arm in ARMS:  # warm-up (XQA's JIT build, the gate's arming), then one output each
