@@ -67,7 +67,9 @@ def _case(fields):
     )
 
 
-def _call(module, case, seed, pool_hook=None):
+def _backend_and_arguments(module, case, seed, pool_hook=None):
+    """A backend over a pool of its own and the positional arguments of its ``forward_decode``
+    (q, k, v, layer, forward batch) for ``case``."""
     generator = torch.Generator().manual_seed(seed)
     pool = fp8_cases.KVPool(fp8_cases.CallLog(), fp8_cases.KV_DTYPES[case.kv], generator)
     if pool_hook is not None:
@@ -75,8 +77,12 @@ def _call(module, case, seed, pool_hook=None):
         pool.get_kv_buffer = lambda layer_id: (pool_hook(), original(layer_id))[1]
     q, k, v = fp8_cases.inputs(case, generator)
     backend = fp8_cases._backend(module, case, pool)
-    layer, batch = fp8_cases._layer(case), fp8_cases._forward_batch(module, case, pool)
-    return lambda: backend.forward_decode(q, k, v, layer, batch, save_kv_cache=False, sinks=None), q
+    return backend, (q, k, v, fp8_cases._layer(case), fp8_cases._forward_batch(module, case, pool))
+
+
+def _call(module, case, seed, pool_hook=None):
+    backend, arguments = _backend_and_arguments(module, case, seed, pool_hook)
+    return lambda: backend.forward_decode(*arguments, save_kv_cache=False, sinks=None), arguments[0]
 
 
 def _kernel_calls(module):
@@ -536,20 +542,15 @@ def test_a_call_sglang_rejects_raises_its_own_error_and_arms_no_gate(caplog, ext
     TypeError, no kernel call, no gate put in the module, nothing said."""
     record = GATED
     module = fp8_cases.load_backend_module(release_selection.release_dir(RELEASE))
-    case = _case(record.needs)
-    generator = torch.Generator().manual_seed(14)
-    pool = fp8_cases.KVPool(fp8_cases.CallLog(), fp8_cases.KV_DTYPES[case.kv], generator)
-    q, k, v = fp8_cases.inputs(case, generator)
-    backend = fp8_cases._backend(module, case, pool)
-    layer, batch = fp8_cases._layer(case), fp8_cases._forward_batch(module, case, pool)
+    backend, arguments = _backend_and_arguments(module, _case(record.needs), 14)
     own = module.flashinfer
     with pytest.raises(TypeError) as unpatched:
-        backend.forward_decode(q, k, v, layer, batch, save_kv_cache=False, **extra)
+        backend.forward_decode(*arguments, save_kv_cache=False, **extra)
     patch.wrap(record.hotfix, module, detect.assess_module(record.hotfix, module))
     try:
         del fp8_cases._LOGS[module][:]
         with caplog.at_level(logging.WARNING, logger=logs.LOGGER_NAME), pytest.raises(TypeError) as patched:
-            backend.forward_decode(q, k, v, layer, batch, save_kv_cache=False, **extra)
+            backend.forward_decode(*arguments, save_kv_cache=False, **extra)
         assert module.flashinfer is own
     finally:
         patch.remove_all()

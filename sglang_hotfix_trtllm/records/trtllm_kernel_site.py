@@ -173,14 +173,6 @@ class _Plan:
         self.before = {name: _BEFORE[name] for name in hotfixes if name in _BEFORE}
 
 
-def _plan(joined):
-    hotfixes = joined.hotfixes  # one read: remove() in another thread may replace it meanwhile
-    plan = joined.derived
-    if plan is None or plan.hotfixes is not hotfixes:
-        plan = joined.derived = _Plan(hotfixes)
-    return plan
-
-
 def note_the_call(module, joined, wrapped, instance, args, kwargs):
     """wrapt wrapper of ``forward_decode`` and ``forward_extend`` for the records on
     (``joined.hotfixes``). A call no record needs to repair runs SGLang's method and nothing else.
@@ -191,9 +183,9 @@ def note_the_call(module, joined, wrapped, instance, args, kwargs):
     read: every SGLang decode layer runs it."""
     needed = None
     try:
-        plan = joined.derived
-        if plan is None or plan.hotfixes is not joined.hotfixes:
-            plan = _plan(joined)
+        hotfixes, plan = joined.hotfixes, joined.derived  # one read each: remove() may replace them meanwhile
+        if plan is None or plan.hotfixes is not hotfixes:
+            plan = joined.derived = _Plan(hotfixes)
         if instance is not None and len(args) > 3:  # SGLang's positional call (RadixAttention -> forward)
             backend, q, layer = instance, args[0], args[3]
         else:
