@@ -30,13 +30,13 @@ def problem(tree, cls, live, methods, helpers):
     return answers[key] or helpers_problem(cls, methods, live, helpers)
 
 
-def module_bindings(tree, name):
+def module_bindings(tree, name, nodes=None):
     """(problem, imports): a problem when something other than an import binds the global
     ``name`` (an assignment, ``global``/``nonlocal``, a definition), else None and every
     (import node, alias) that binds it. What the gates of this module's globals need to know:
-    the global they replace is bound by imports only."""
+    the global they replace is bound by imports only. ``nodes``: the tree's, walked already."""
     imports = []
-    for node in ast.walk(tree):
+    for node in ast.walk(tree) if nodes is None else nodes:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             imports += [(node, alias) for alias in node.names if (alias.asname or alias.name.split(".")[0]) == name]
         elif isinstance(node, ast.Name) and node.id == name and not isinstance(node.ctx, ast.Load):
@@ -48,10 +48,10 @@ def module_bindings(tree, name):
     return None, imports
 
 
-def flashinfer_problem(tree):
+def flashinfer_problem(tree, nodes=None):
     """None when the module binds ``flashinfer`` only by ``import flashinfer`` at its top level
     (SGLang guards it with ``if is_flashinfer_available():``), once."""
-    problem, imports = module_bindings(tree, GATED_GLOBAL)
+    problem, imports = module_bindings(tree, GATED_GLOBAL, nodes)
     if problem:
         return problem
     plain = [(n, a) for n, a in imports if isinstance(n, ast.Import) and a.name == GATED_GLOBAL and a.asname is None]

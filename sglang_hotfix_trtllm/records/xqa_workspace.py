@@ -281,11 +281,12 @@ AFFECTED = {
 }
 
 
-def _names(node, name):
-    """Nodes under ``node`` that name ``name``: a name, an attribute, an imported name or a string."""
+def _names(nodes, name):
+    """Those of ``nodes`` (a tree's, walked once: ``ast.walk``) that name ``name``: a name, an
+    attribute, an imported name or a string."""
     return [
         n
-        for n in ast.walk(node)
+        for n in nodes
         if (isinstance(n, ast.Name) and n.id == name)
         or (isinstance(n, ast.Attribute) and n.attr == name)
         or (isinstance(n, ast.alias) and name in (n.name.rpartition(".")[2], n.asname))
@@ -293,10 +294,10 @@ def _names(node, name):
     ]
 
 
-def _mentions_fmha_v2(tree):
-    """Any name, attribute or imported name of the module that speaks of fmha_v2 (0.5.19 on: the
-    kernel, ``use_fmha_v2``, its helpers); docstrings and comments do not count."""
-    for node in ast.walk(tree):
+def _mentions_fmha_v2(nodes):
+    """Any name, attribute or imported name of the module (its ``nodes``) that speaks of fmha_v2
+    (0.5.19 on: the kernel, ``use_fmha_v2``, its helpers); docstrings and comments do not count."""
+    for node in nodes:
         if isinstance(node, ast.Name):
             names = (node.id,)
         elif isinstance(node, ast.Attribute):
@@ -312,11 +313,14 @@ def _mentions_fmha_v2(tree):
     return False
 
 
-def _fmha_v2_calls(node):
+def _fmha_v2_calls(nodes):
     return [
         n
-        for n in ast.walk(node)
-        if isinstance(n, ast.Call) and ast.unparse(n.func) == "flashinfer.%s.%s" % (FMHA_V2_SUBMODULE, FMHA_V2_KERNEL)
+        for n in nodes
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr == FMHA_V2_KERNEL  # first: unparsing every call is most of the time
+        and ast.unparse(n.func) == "flashinfer.%s.%s" % (FMHA_V2_SUBMODULE, FMHA_V2_KERNEL)
     ]
 
 
@@ -330,12 +334,12 @@ def _top_level(init, text):
     return [statement for statement in init.body if ast.unparse(statement) == text]
 
 
-def _semaphore_constant(tree):
+def _semaphore_constant(tree, nodes):
     """The module's ``_XQA_SEMAPHORE_BYTES``, bound once at its top level to 8 MiB (a product of
     integer literals, as 0.5.23 writes it), else None."""
     bound = [
         node
-        for node in ast.walk(tree)
+        for node in nodes
         if isinstance(node, ast.Name) and node.id == "_XQA_SEMAPHORE_BYTES" and not isinstance(node.ctx, ast.Load)
     ]
     for statement in tree.body:
@@ -359,11 +363,11 @@ def _product(node):
     return None
 
 
-def _fixed_in_substance(tree, init, extend):
+def _fixed_in_substance(tree, walked, init, extend):
     """0.5.23's change, in substance: 8 MiB set aside when ``self.is_xqa_impl``, in the allocation
     and in fmha_v2's view, all in ``__init__``'s own body, and fmha_v2 (named nowhere else) given that
     view. A fork with the view at offset 0, the reserve dropped or the view in a dead branch is not."""
-    if _semaphore_constant(tree) is None:
+    if _semaphore_constant(tree, walked[tree]) is None:
         return False
     reserve = _top_level(init, "semaphore_bytes = _XQA_SEMAPHORE_BYTES if self.is_xqa_impl else 0")
     view = _top_level(init, "self.%s = self.workspace_buffer[semaphore_bytes:]" % FIXED_ATTRIBUTE)
@@ -380,19 +384,19 @@ def _fixed_in_substance(tree, init, extend):
     order = [init.body.index(reserve[0]), init.body.index(allocation[0]), init.body.index(view[0])]
     if order != sorted(order):
         return False
-    calls = _fmha_v2_calls(extend)
-    inside = {id(n) for n in ast.walk(extend)}
+    calls = _fmha_v2_calls(walked[extend])
+    inside = {id(n) for n in walked[extend]}
     return (
         len(calls) == 1
         and _workspace_argument(calls[0]) == "self.%s" % FIXED_ATTRIBUTE
-        and not [n for n in _names(tree, FMHA_V2_KERNEL) if id(n) not in inside]
+        and not [n for n in _names(walked[tree], FMHA_V2_KERNEL) if id(n) not in inside]
     )
 
 
-def _get_buffer_problem(tree):
+def _get_buffer_problem(tree, nodes):
     """None when the module binds ``get_buffer`` once, by a top-level ``from ... import get_buffer``
     (no alias), and never rebinds it."""
-    problem, bound = routes.module_bindings(tree, BUFFER_GLOBAL)
+    problem, bound = routes.module_bindings(tree, BUFFER_GLOBAL, nodes)
     if problem:
         return problem
     if len(bound) != 1 or not isinstance(bound[0][0], ast.ImportFrom) or bound[0][0] not in tree.body:
@@ -400,24 +404,25 @@ def _get_buffer_problem(tree):
     return None
 
 
-def _affected_problem(tree, init, extend):
+def _affected_problem(tree, walked, init, extend):
     """None when only these two methods touch what the repair changes (see the module's docstring)."""
-    problem = routes.flashinfer_problem(tree) or _get_buffer_problem(tree)
+    nodes = walked[tree]
+    problem = routes.flashinfer_problem(tree, nodes) or _get_buffer_problem(tree, nodes)
     if problem:
         return problem
-    inside_extend = {id(n) for n in ast.walk(extend)}
-    kernel_names = _names(tree, FMHA_V2_KERNEL)
-    calls = _fmha_v2_calls(extend)
+    inside_extend = {id(n) for n in walked[extend]}
+    kernel_names = _names(nodes, FMHA_V2_KERNEL)
+    calls = _fmha_v2_calls(walked[extend])
     if len(calls) != 1 or _workspace_argument(calls[0]) != "self.workspace_buffer":
         return "forward_extend does not call fmha_v2 once with workspace_buffer=self.workspace_buffer"
     if [n for n in kernel_names if id(n) not in inside_extend]:
         return "code outside forward_extend names FlashInfer's fmha_v2 kernel: a route the repair does not see"
-    inside_init = {id(n) for n in ast.walk(init)}
-    if [n for n in _names(tree, WORKSPACE_NAME) if id(n) not in inside_init] or len(_names(init, WORKSPACE_NAME)) != 1:
+    inside_init = {id(n) for n in walked[init]}
+    if [n for n in _names(nodes, WORKSPACE_NAME) if id(n) not in inside_init] or len(
+        _names(walked[init], WORKSPACE_NAME)
+    ) != 1:
         return "code outside __init__ names the shared workspace %r" % WORKSPACE_NAME
-    if any(
-        isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == site.GATED_GLOBAL for n in ast.walk(tree)
-    ):
+    if any(isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == site.GATED_GLOBAL for n in nodes):
         return "the module imports from FlashInfer by name: a route around the gate"
     return None
 
@@ -438,18 +443,21 @@ def classify(tree):
     def verdict(value, reason):
         return Classification(value, reason, fingerprint, detect.first_line_of(init))
 
-    if not _mentions_fmha_v2(tree):
+    # Each tree walked once (``ast.walk`` of the module is most of this function's time, and it ran
+    # at every start on the affected releases): the helpers filter these lists.
+    walked = {node: tuple(ast.walk(node)) for node in (tree, init, extend)}
+    if not _mentions_fmha_v2(walked[tree]):
         return verdict(
             Verdict.NOT_APPLICABLE, "this backend has no fmha_v2 prefill (added for SM90/SM120 in SGLang 0.5.19)"
         )
-    if _fixed_in_substance(tree, init, extend):
+    if _fixed_in_substance(tree, walked, init, extend):
         return verdict(
             Verdict.FIXED,
             "fmha_v2 gets its own view of the workspace, after XQA's semaphores (SGLang 0.5.23)",
         )
     if (fingerprint, of_node(extend)) not in AFFECTED:
         return verdict(Verdict.UNKNOWN, "__init__ / forward_extend are not the code of a release this hotfix knows")
-    problem = _affected_problem(tree, init, extend)
+    problem = _affected_problem(tree, walked, init, extend)
     if problem:
         return verdict(Verdict.UNKNOWN, problem)
     return verdict(

@@ -133,8 +133,8 @@ def upstream_fix(tree, fixed_tree):
                 node.lineno = node.end_lineno = body[at].lineno
                 node.col_offset = node.end_col_offset = 0
     body[at : at + 1] = upstream
-    calls = xqa_workspace._fmha_v2_calls(_method(cls, "forward_extend"))
-    fixed_calls = xqa_workspace._fmha_v2_calls(_method(fixed_cls, "forward_extend"))
+    calls = xqa_workspace._fmha_v2_calls(ast.walk(_method(cls, "forward_extend")))
+    fixed_calls = xqa_workspace._fmha_v2_calls(ast.walk(_method(fixed_cls, "forward_extend")))
     assert len(calls) == len(fixed_calls) == 1
     keyword = next(k for k in calls[0].keywords if k.arg == "workspace_buffer")
     keyword.value = copy.deepcopy(next(k.value for k in fixed_calls[0].keywords if k.arg == "workspace_buffer"))
