@@ -43,3 +43,39 @@ def test_a_server_that_dies_is_told_with_its_exit_code(tmp_path):
     process = harness.launch([sys.executable, "-c", "raise SystemExit(3)"], None, tmp_path / "s.log", tmp_path)
     harness.wait_until_healthy(process, harness.free_port(), began, facts)
     assert facts["exit_code"] == 3 and "ready_s" not in facts and harness.stop(process)
+
+
+def test_the_server_ab_waits_for_servers_launched_together_and_stops_one_that_died(tmp_path):
+    """``server_ab_worker`` launches the servers of a start order at once (``begin``), then waits
+    for each (``ready``): a healthy one comes back with its ``ready_s``, one that died raises with
+    its log and leaves nothing running."""
+    import server_ab_worker
+
+    def begun(argv, name, port):
+        log = tmp_path / ("%s.log" % name)
+        return {"port": port, "process": harness.launch(argv, None, log, tmp_path), "log": log, "began": time.time()}
+
+    port = harness.free_port()
+    alive = begun([sys.executable, "-c", HEALTH_SERVER, str(port)], "alive", port)
+    dead = begun([sys.executable, "-c", "print('no GPU'); raise SystemExit(3)"], "dead", harness.free_port())
+    try:
+        assert server_ab_worker.ready(alive)["ready_s"] >= 0
+        with pytest.raises(RuntimeError, match=r"(?s)dead did not become healthy \({'exit_code': 3.*no GPU"):
+            server_ab_worker.ready(dead)
+        assert dead["process"].poll() == 3
+    finally:
+        assert harness.stop(alive["process"])
+
+
+def test_each_start_order_cuts_its_cpu_sets_from_all_the_hosts_cpus():
+    """The server A/B's CPU sets go by start position, from the CPUs the worker had when it
+    started: the second order's sets are not cut from the first order's client set (run E of
+    issue 38 gave its second order two CPUs a server that way)."""
+    import server_ab_worker
+
+    cpus = list(range(16))
+    first = server_ab_worker.cpu_sets(("hotfix", "anchor"), cpus)
+    second = server_ab_worker.cpu_sets(("anchor", "hotfix"), cpus)
+    assert first["hotfix"] == second["anchor"] == set(range(5)) and first["anchor"] == second["hotfix"]
+    assert first[None] == second[None] == set(range(10, 16))
+    assert server_ab_worker.cpu_sets(("a", "b", "c"), [0, 1, 2, 3, 4, 5, 6]) is None  # under two CPUs a server

@@ -126,15 +126,23 @@ def arm_environment(arm, site, plugin_target, anchor_copy):
     return base_env(PYTHONPATH=os.pathsep.join(str(p) for p in paths))
 
 
-def cpu_sets(arms):
-    """Disjoint CPU sets, one per arm in the order given (the servers' start order: each arm gets
-    the first set in one order and another in the other, so a slower set, the one holding CPU 0 and
-    its interrupts, is not one arm's), and one for this process (the load client): an idle SGLang
-    scheduler polls on a core, and two servers left to the OS share cores with each other's busy
-    threads. None where this host cannot tell."""
+def host_cpus():
+    """The CPUs this process may use when it starts (before any order narrows them); None where
+    this host cannot tell."""
     try:
-        cpus = sorted(os.sched_getaffinity(0))
+        return sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
+        return None
+
+
+def cpu_sets(arms, cpus):
+    """Disjoint CPU sets of ``cpus`` (``host_cpus``: every order's sets are cut from all of them,
+    not from the client's set of the order before), one per arm in the order given (the servers'
+    start order: each arm gets the first set in one order and another in the other, so a slower
+    set, the one holding CPU 0 and its interrupts, is not one arm's), and one for this process (the
+    load client): an idle SGLang scheduler polls on a core, and two servers left to the OS share
+    cores with each other's busy threads. None where this host cannot tell."""
+    if not cpus:
         return None
     share = len(cpus) // (len(arms) + 1)
     if share < 2:
@@ -266,13 +274,14 @@ def main():
     arms = tuple(options.arms.split(","))
     orders = [order for order in options.orders if set(order.split(",")) == set(arms)] or [options.arms]
     permutations = list(itertools.permutations(arms))
+    cpus = host_cpus()
     with concurrent.futures.ThreadPoolExecutor(BATCH) as pool:
         for index, order_text in enumerate(orders):
             order = order_text.split(",")
             share = (options.budget_s - (time.time() - began)) / (len(orders) - index)
             order_began, servers = time.time(), {}
             facts = result["orders"][order_text] = {"ready_s": {}}
-            sets = cpu_sets(order)
+            sets = cpu_sets(order, cpus)
             if sets:
                 os.sched_setaffinity(0, sets[None])
                 facts["cpu_sets"] = {str(arm): sorted(cpus) for arm, cpus in sets.items()}
