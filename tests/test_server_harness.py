@@ -3,6 +3,7 @@
 on CPU with a stand-in server: plain Python answering ``/health`` (no SGLang: what is tested is
 the harness's start, wait and clean stop, not a server)."""
 
+import os
 import pathlib
 import sys
 import time
@@ -45,37 +46,47 @@ def test_a_server_that_dies_is_told_with_its_exit_code(tmp_path):
     assert facts["exit_code"] == 3 and "ready_s" not in facts and harness.stop(process)
 
 
-def test_the_server_ab_waits_for_servers_launched_together_and_stops_one_that_died(tmp_path):
+def test_the_server_ab_waits_for_servers_launched_together_and_stops_one_that_never_answered(tmp_path, monkeypatch):
     """``server_ab_worker`` launches the servers of a start order at once (``begin``), then waits
-    for each (``ready``): a healthy one comes back with its ``ready_s``, one that died raises with
-    its log and leaves nothing running."""
+    for each (``ready``): a healthy one comes back with its ``ready_s``; one that neither answers
+    nor dies within the harness's limit raises with its log, its whole group stopped (a server
+    runs in a session of its own: left there, it would hold the GPU for the next order)."""
     import server_ab_worker
 
     def begun(argv, name, port):
         log = tmp_path / ("%s.log" % name)
         return {"port": port, "process": harness.launch(argv, None, log, tmp_path), "log": log, "began": time.time()}
 
+    hung_server = "import subprocess, sys, time; print('loading', flush=True); %s; time.sleep(600)" % (
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])"
+    )
     port = harness.free_port()
     alive = begun([sys.executable, "-c", HEALTH_SERVER, str(port)], "alive", port)
-    dead = begun([sys.executable, "-c", "print('no GPU'); raise SystemExit(3)"], "dead", harness.free_port())
+    hung = begun([sys.executable, "-c", hung_server], "hung", harness.free_port())
     try:
         assert server_ab_worker.ready(alive)["ready_s"] >= 0
-        with pytest.raises(RuntimeError, match=r"(?s)dead did not become healthy \({'exit_code': 3.*no GPU"):
-            server_ab_worker.ready(dead)
-        assert dead["process"].poll() == 3
+        monkeypatch.setattr(harness, "START_TIMEOUT", 3)
+        with pytest.raises(RuntimeError, match=r"(?s)hung did not become healthy \(\{\}\).*loading"):
+            server_ab_worker.ready(hung)
+        assert hung["process"].poll() is not None
+        with pytest.raises(ProcessLookupError):  # nothing of its group is left
+            os.killpg(hung["process"].pid, 0)
     finally:
-        assert harness.stop(alive["process"])
+        assert harness.stop(alive["process"]) and harness.stop(hung["process"])
 
 
-def test_each_start_order_cuts_its_cpu_sets_from_all_the_hosts_cpus():
+def test_each_start_order_cuts_its_cpu_sets_from_all_the_hosts_cpus(monkeypatch):
     """The server A/B's CPU sets go by start position, from the CPUs the worker had when it
-    started: the second order's sets are not cut from the first order's client set (run E of
-    issue 38 gave its second order two CPUs a server that way)."""
+    started, all cut before the first order narrows the worker to its client set (runs E and F
+    of issue 38 read the narrowed affinity again: their second order got two CPUs a server)."""
     import server_ab_worker
 
-    cpus = list(range(16))
-    first = server_ab_worker.cpu_sets(("hotfix", "anchor"), cpus)
-    second = server_ab_worker.cpu_sets(("anchor", "hotfix"), cpus)
+    affinity = {"cpus": set(range(16))}
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(affinity["cpus"]))
+    monkeypatch.setattr(os, "sched_setaffinity", lambda pid, cpus: affinity.update(cpus=set(cpus)))
+    plan = server_ab_worker.cpu_plan(["hotfix,anchor", "anchor,hotfix"])
+    os.sched_setaffinity(0, plan["hotfix,anchor"][None])  # what the first order does
+    first, second = plan["hotfix,anchor"], plan["anchor,hotfix"]
     assert first["hotfix"] == second["anchor"] == set(range(5)) and first["anchor"] == second["hotfix"]
     assert first[None] == second[None] == set(range(10, 16))
     assert server_ab_worker.cpu_sets(("a", "b", "c"), [0, 1, 2, 3, 4, 5, 6]) is None  # under two CPUs a server

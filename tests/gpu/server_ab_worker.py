@@ -27,8 +27,9 @@ CPUs: each server runs on a CPU set of its own (by its place in the start order)
 the rest (``cpu_sets``). Besides the round times, each server's own decode figures are kept
 (``decode_tokens_per_s``: its log's tokens/s at the full batch, intervals inside one round).
 
-Memory: each server is capped at 65,536 KV tokens (``--max-total-tokens``) with
-``--mem-fraction-static 0.5`` of what is free when it starts, so the third server has room.
+Memory: each server is capped at 65,536 KV tokens (``--max-total-tokens``: a pool of 8 GB) with
+``--mem-fraction-static 0.5``; launched together, each sees the same free memory, so the cap is
+what leaves the others room.
 
 For each start order given, the servers are launched together (an order names which CPU set each
 arm gets), take one untimed round each, then cycles: one round per arm, the six orders of the three
@@ -133,6 +134,13 @@ def host_cpus():
         return sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return None
+
+
+def cpu_plan(orders):
+    """Each start order's CPU sets (``cpu_sets``), all cut before the first order narrows this
+    process's own CPUs to its client set: read again later, the affinity would be that set."""
+    cpus = host_cpus()
+    return {order: cpu_sets(order.split(","), cpus) for order in orders}
 
 
 def cpu_sets(arms, cpus):
@@ -274,14 +282,14 @@ def main():
     arms = tuple(options.arms.split(","))
     orders = [order for order in options.orders if set(order.split(",")) == set(arms)] or [options.arms]
     permutations = list(itertools.permutations(arms))
-    cpus = host_cpus()
+    plan = cpu_plan(orders)
     with concurrent.futures.ThreadPoolExecutor(BATCH) as pool:
         for index, order_text in enumerate(orders):
             order = order_text.split(",")
             share = (options.budget_s - (time.time() - began)) / (len(orders) - index)
             order_began, servers = time.time(), {}
             facts = result["orders"][order_text] = {"ready_s": {}}
-            sets = cpu_sets(order, cpus)
+            sets = plan[order_text]
             if sets:
                 os.sched_setaffinity(0, sets[None])
                 facts["cpu_sets"] = {str(arm): sorted(cpus) for arm, cpus in sets.items()}
