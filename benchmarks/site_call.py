@@ -78,7 +78,7 @@ def _case(backend_module, ForwardMode, anchor, base, layout):
     def run(backend):
         return backend.forward_decode(q, k, v, layer, case.forward_batch, save_kv_cache=False)
 
-    return case, case.anchor_backend, run, stand_in
+    return case, run, stand_in
 
 
 def _timed(run, backend, calls):
@@ -99,8 +99,12 @@ def arms(options):
     print("|---|---|---|---|---|")
     gc.disable()
     for label, (base, layout) in CASES.items():
-        case, anchor_backend, run, _ = _case(backend_module, ForwardMode, anchor, base, layout)
-        backends = {"release": (False, case.backend), "hotfix": (True, case.backend), "anchor": (False, anchor_backend)}
+        case, run, _ = _case(backend_module, ForwardMode, anchor, base, layout)
+        backends = {
+            "release": (False, case.backend),
+            "hotfix": (True, case.backend),
+            "anchor": (False, case.anchor_backend),
+        }
         times = {arm: [] for arm in backends}
         for round_ in range(options.rounds):
             for arm in list(backends) if round_ % 2 == 0 else list(backends)[::-1]:
@@ -125,7 +129,7 @@ def parts(options, backend_module, ForwardMode, anchor, hotfix, cls):
 
     from sglang_hotfix_trtllm.records import trtllm_kernel_site as site
 
-    case, anchor_backend, run, stand_in = _case(backend_module, ForwardMode, anchor, "fp8_scaled", "strided")
+    case, run, stand_in = _case(backend_module, ForwardMode, anchor, "fp8_scaled", "strided")
 
     def median(backend):
         return statistics.median(_timed(run, backend, options.calls) for _ in range(options.rounds))
@@ -135,7 +139,7 @@ def parts(options, backend_module, ForwardMode, anchor, hotfix, cls):
         set_state(True, hotfix, cls)
 
     set_state(False, hotfix, cls)
-    results = {"release": median(case.backend), "anchor": median(anchor_backend)}
+    results = {"release": median(case.backend), "anchor": median(case.anchor_backend)}
     fresh()
     results["hotfix"] = median(case.backend)
     saved_repairs, saved_needs, run_noted_here = dict(site._REPAIRS), dict(site._NEEDS), site._run_noted_here

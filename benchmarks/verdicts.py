@@ -5,10 +5,11 @@ record's ``classify`` on the shared tree), without the wrapping. Wall clock, the
 
     .venv/bin/python benchmarks/verdicts.py 0.5.12 0.5.19 0.5.22 0.5.23
 
-The releases' files are the test suite's downloads (``.cache/releases/RELEASE``, or
-``$SGLANG_HOTFIX_TEST_CACHE``): run a test that fetches them first. To compare two versions of the
-plugin, run each in its own process with its code first on the path and the environment's
-``.pth`` files skipped, interleaved (as ``site_call.py`` says):
+The releases' files are fetched as the test suite fetches them (``tools/scan_releases.fetch``,
+into ``.cache/releases`` or ``$SGLANG_HOTFIX_TEST_CACHE/releases``; a release already there is
+read from there). To compare two versions of the plugin, run each in its own process with its
+code first on the path and the environment's ``.pth`` files skipped, interleaved (as
+``site_call.py`` says):
 
     PYTHONPATH=CHECKOUT:.venv/lib/python3.11/site-packages .venv/bin/python -S benchmarks/verdicts.py ...
 """
@@ -18,31 +19,30 @@ import json
 import os
 import pathlib
 import statistics
+import sys
 import time
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 CACHE = pathlib.Path(os.environ.get("SGLANG_HOTFIX_TEST_CACHE", REPO / ".cache"))
+sys.path.insert(0, str(REPO / "tools"))
+
+import scan_releases  # noqa: E402
 
 
-def backend_file(release):
-    found = sorted((CACHE / "releases" / release).rglob("trtllm_mha_backend.py"))
-    if not found:
-        raise SystemExit("no trtllm_mha_backend.py of %s under %s: run the tests that fetch it" % (release, CACHE))
-    return found[0]
-
-
-def verdicts_ms(path, runs):
+def verdicts_ms(release, runs):
     from sglang_hotfix_trtllm import detect
     from sglang_hotfix_trtllm.records import catalog
 
-    text = path.read_text(encoding="utf-8")
+    folder = scan_releases.fetch(CACHE / "releases", release)
+    files = {hotfix.name: folder / scan_releases.module_file(hotfix) for hotfix in catalog.HOTFIXES}
+    texts = {path: path.read_text(encoding="utf-8") for path in set(files.values())}
     times = []
     for run in range(runs):
-        label = "%s#%d" % (path, run)  # another path each pass: nothing kept from the pass before
         started = time.perf_counter()
         with detect.shared_parses():
             for hotfix in catalog.HOTFIXES:
-                detect.assess_source(hotfix, label, text)
+                path = files[hotfix.name]  # another label each pass: nothing kept from the pass before
+                detect.assess_source(hotfix, "%s#%d" % (path, run), texts[path])
         times.append(time.perf_counter() - started)
     return round(statistics.median(times) * 1000, 1)
 
@@ -54,7 +54,7 @@ def main(argv=None):
     options = parser.parse_args(argv)
     import sglang_hotfix_trtllm
 
-    result = {release: verdicts_ms(backend_file(release), options.runs) for release in options.releases}
+    result = {release: verdicts_ms(release, options.runs) for release in options.releases}
     print(json.dumps({"plugin": sglang_hotfix_trtllm.__version__, "verdicts_ms": result}))
 
 
