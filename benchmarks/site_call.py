@@ -1,16 +1,15 @@
-"""What the kernel-call site adds to one ``forward_decode`` call against upstream's own fix, on this
-machine's CPU (issue 38): SGLang 0.5.12's real method for three arms interleaved in one process,
+"""What the hotfix adds to one ``forward_decode`` call against upstream's own fix, on this machine's
+CPU (issues 38 and 47): SGLang 0.5.12's real method for three arms interleaved in one process,
 ``release`` (SGLang as shipped), ``hotfix`` (``apply()``) and ``anchor`` (SGLang's file with
 upstream's changes inserted: ``tools/anchor_source.py``'s output, as the H200 worker loads it),
 FlashInfer's kernel a stand-in returning a preallocated tensor (so the figure is Python's).
 
-    .venv/bin/python benchmarks/site_call.py --anchor .gpu/anchor/trtllm_mha_backend_anchor.py [--parts]
+    .venv/bin/python benchmarks/site_call.py --anchor .gpu/anchor/trtllm_mha_backend_anchor.py
 
 Cases (``tests/gpu/decode_step_ab_worker.build_case`` at batch 2): a BF16 cache with a packed query
-(nothing to repair), with a strided ``qkv.split`` query (pr31667 repairs it before SGLang's method)
-and an FP8 cache with K/V scales 0.5 and 4, strided (pr28144 through the gate, and pr31667).
-``--parts``: for the FP8 case, the call again with one part of the gated path taken out at a time
-(where its time goes), and the gate's lookups alone.
+(nothing to repair), with a strided ``qkv.split`` query (pr31667's statement packs it) and an FP8
+cache with K/V scales 0.5 and 4, strided (pr28144's and pr31667's statements). Since 0.14.0 the
+hotfix arm runs upstream's code compiled into SGLang's own ``forward_decode``.
 
 To compare two versions of the plugin, run each in its own process with its code first on the
 path and the environment's ``.pth`` files skipped (``-S``: the installed plugin's start-up hook
@@ -27,7 +26,6 @@ import pathlib
 import statistics
 import sys
 import time
-import timeit
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "gpu"))
@@ -36,8 +34,8 @@ import torch  # noqa: E402
 
 CASES = {
     "bf16, packed query (nothing to repair)": ("bf16_no_scales", "packed"),
-    "bf16, strided query (pr31667, before the method)": ("bf16_no_scales", "strided"),
-    "fp8 with K/V scales, strided (pr28144 through the gate, and pr31667)": ("fp8_scaled", "strided"),
+    "bf16, strided query (pr31667)": ("bf16_no_scales", "strided"),
+    "fp8 with K/V scales, strided (pr28144 and pr31667)": ("fp8_scaled", "strided"),
 }
 
 
@@ -118,80 +116,6 @@ def arms(options):
             % (label, m["release"], m["hotfix"], m["anchor"], m["hotfix"] - m["anchor"])
         )
     gc.enable()
-    if options.parts:
-        parts(options, backend_module, ForwardMode, anchor, hotfix, cls)
-
-
-def parts(options, backend_module, ForwardMode, anchor, hotfix, cls):
-    """The FP8 case with one part of the gated path taken out at a time (each a stand-in that skips
-    it: these calls are not repaired calls, only timings)."""
-    from decode_step_ab_worker import set_state
-
-    from sglang_hotfix_trtllm.records import trtllm_kernel_site as site
-
-    case, run, stand_in = _case(backend_module, ForwardMode, anchor, "fp8_scaled", "strided")
-
-    def median(backend):
-        return statistics.median(_timed(run, backend, options.calls) for _ in range(options.rounds))
-
-    def fresh():  # the records' plans are made afresh: the stand-ins below take effect
-        set_state(False, hotfix, cls)
-        set_state(True, hotfix, cls)
-
-    set_state(False, hotfix, cls)
-    results = {"release": median(case.backend), "anchor": median(case.anchor_backend)}
-    fresh()
-    results["hotfix"] = median(case.backend)
-    saved_repairs, saved_needs, run_noted_here = dict(site._REPAIRS), dict(site._NEEDS), site._run_noted_here
-    try:
-        site._REPAIRS["pr28144"] = lambda call, kwargs: kwargs
-        fresh()
-        results["hotfix, pr28144's repair the identity"] = median(case.backend)
-        site._REPAIRS.update(saved_repairs)
-        site._run_noted_here = lambda module, wrapped, args, kwargs, call: site._run_noted_call(
-            module, wrapped, args, kwargs, call
-        )
-        results["hotfix, without the TorchDynamo checks"] = median(case.backend)
-        site._run_noted_here = lambda module, wrapped, args, kwargs, call: wrapped(*args, **kwargs)
-        results["hotfix, SGLang's method called instead of noted (the gate in place)"] = median(case.backend)
-        site._run_noted_here = run_noted_here
-        site._NEEDS["pr28144"] = lambda *arguments: False
-        fresh()
-        results["pr31667's repair alone"] = median(case.backend)
-    finally:
-        site._REPAIRS.update(saved_repairs)
-        site._NEEDS.update(saved_needs)
-        site._run_noted_here = run_noted_here
-    rows = list(results.items())
-    print()
-    print("| FP8 call, with | µs |")
-    print("|---|---|")
-    for label, value in rows:
-        print("| %s | %.2f |" % (label, value))
-    fresh()
-    run(case.backend)  # arms the gate
-    gate = backend_module.__dict__["flashinfer"]
-    kernel = gate.decode.trtllm_batch_decode_with_kv_cache
-    n = 200000
-    looked_up = {
-        "flashinfer.decode.<kernel> through the gate": lambda: gate.decode.trtllm_batch_decode_with_kv_cache,
-        "the same on FlashInfer's module (the stand-in)": lambda: stand_in.decode.trtllm_batch_decode_with_kv_cache,
-        "the gated kernel called, nothing noted": lambda: kernel(query=1),
-        "the kernel called directly": lambda: stand_in.decode.trtllm_batch_decode_with_kv_cache(query=1),
-    }
-    token_var = site._current_call
-
-    def set_and_reset():
-        token_var.reset(token_var.set(None))
-
-    looked_up["a context variable set and reset"] = set_and_reset
-    looked_up["an empty Python call"] = lambda: None
-    print()
-    print("| alone | µs |")
-    print("|---|---|")
-    for label, statement in looked_up.items():
-        print("| %s | %.3f |" % (label, timeit.timeit(statement, number=n) / n * 1e6))
-    set_state(False, hotfix, cls)
 
 
 def main(argv=None):
@@ -199,7 +123,6 @@ def main(argv=None):
     parser.add_argument("--anchor", required=True, help="tools/anchor_source.py's file")
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--calls", type=int, default=500)
-    parser.add_argument("--parts", action="store_true")
     options = parser.parse_args(argv)
     import logging
 

@@ -10,7 +10,7 @@ SGLang until it is needed):
 * ``assess()`` the verdict on the installed SGLang, without importing it.
 """
 
-__version__ = "0.13.1"
+__version__ = "0.14.0"
 
 
 def apply():
@@ -36,8 +36,9 @@ def remove():
     sglang_hotfix_trtllm_autoload.uninstall()
     # Nothing can have been wrapped unless the patch module was loaded; asking
     # here, rather than importing it, keeps remove() from importing wrapt.
-    patch = sys.modules.get(__name__ + ".patch")
-    restored = patch.remove_all() if patch is not None else 0
+    patch = sys.modules.get(__name__ + ".patch")  # its remove_all restores the edits too
+    edits = sys.modules.get(__name__ + ".code_edit")
+    restored = patch.remove_all() if patch is not None else edits.remove_all() if edits is not None else 0
     state = sys.modules.get(__name__ + ".process_state")
     if state is not None:  # what `status --pid` reads of this process follows
         state.removed()

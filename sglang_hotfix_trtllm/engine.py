@@ -140,7 +140,7 @@ def decide(hotfix, assessment, current):
             ),
             logging.WARNING,
         )
-    problem = wrapt_problem()
+    problem = wrapt_problem() if hotfix.mechanism == "wrap" else None  # an edit needs no wrapt
     if problem is not None:
         return Decision(
             Action.WRAPT_UNUSABLE,
@@ -149,6 +149,8 @@ def decide(hotfix, assessment, current):
             % (hotfix.target, hotfix.name, _version_text(hotfix, path), path, problem),
             logging.WARNING,
         )
+    if hotfix.mechanism == "edit":
+        return Decision(Action.PATCH, "the verdict is affected: upstream's change is compiled into SGLang's method")
     return Decision(Action.PATCH, "the verdict is affected and wrapt is available")
 
 
@@ -220,12 +222,17 @@ def handle(hotfix, module):
             say(decision.level, "%s", decision.message, once_key=(decision.action.value, hotfix.name))
         return done(decision.action)
 
-    from . import patch
+    from . import code_edit
 
     path = assessment.source_path
     try:
-        outcome = patch.wrap(hotfix, module, assessment)
-    except patch.NotWrappable as problem:
+        if hotfix.mechanism == "edit":
+            outcome = code_edit.put_record_in_force(hotfix, module, assessment)
+        else:
+            from . import patch
+
+            outcome = patch.wrap(hotfix, module, assessment)
+    except code_edit.NotEditable as problem:  # patch.NotWrappable is one
         done("refused", "not wrappable: %s" % problem)
         _refuse(
             hotfix,

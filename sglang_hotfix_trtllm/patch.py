@@ -1,9 +1,14 @@
-"""Patch: wrap a hotfix's target method on its class with wrapt, and revert.
+"""Patch: wrap a hotfix's target method on its class with wrapt, and revert; records whose repair is
+upstream's code (``Hotfix.edits``) are handed to ``code_edit``, so this module answers "put it in
+force", "is it in force" and "take it all back" for both mechanisms.
 
 Imported only when something is to be wrapped (after ``engine.decide`` saw
 that wrapt imports), so wrapt is imported here at module level. Never imports
 torch or SGLang. ``wrap`` raises ``NotWrappable`` when the hotfix must stand
 aside; the caller decides whether that stops the process.
+
+Wrappers are for set-up-time methods only (pr26521's capture, pr25103's ``__init__``): a method
+SGLang calls per step runs upstream's code instead (``code_edit``), and no method gets both.
 
 Composition with other patchers (SGLang's ``HookRegistry``, wrapt wrappers,
 ``functools.wraps`` decorators, plain reassignment). A record's repair is
@@ -21,23 +26,20 @@ own function, found as the class attribute itself:
   ours off in place (wrapt's ``enabled``): the call then goes straight through.
 
 State, in one place (as gevent keeps its ``saved`` dict): ``_applied`` holds
-one ``Applied`` per wrapped method and one ``Gate`` per replaced module global
-(``Hotfix.gates``); ``is_patched``, ``remove_all`` and the engine's report all
-read it. A record that wraps several methods (``Hotfix.also``) wraps all of
-them or none.
+one ``Applied`` per wrapped method; ``is_patched``, ``remove_all`` and the engine's report all
+read it.
 """
 
-import copy
 import functools
 import logging
 import os
-import sys
 import threading
 import types
 import weakref
 
 import wrapt
 
+from . import code_edit
 from .logs import say
 
 _lock = threading.RLock()
@@ -45,7 +47,7 @@ _lock = threading.RLock()
 _applied = []
 
 
-class NotWrappable(Exception):
+class NotWrappable(code_edit.NotEditable):
     """The class attribute is not the function the analysis read: the hotfix stands aside."""
 
 
@@ -77,14 +79,8 @@ class Applied:
 
 
 class Joined:
-    """The records whose parts share one wrapper: one record alone, or the records of one
-    ``Hotfix.site`` on one method (pr28144, pr31667 and pr17732 on ``forward_decode``). Calling it answers
-    wrapt's ``enabled`` question (any record on); ``active`` holds the names of the records on, in
-    the order they were applied (livepatch's stack: the engine applies in the catalog's order, so
-    this module needs to know no record), and ``hotfixes`` each one's ``Hotfix`` by name (what a
-    site's wrapper hands back to ``arm_gates``). ``derived``: what the wrapper derives from
-    ``hotfixes`` and keeps for its calls (its own; this module only makes room for it): a
-    ``refresh`` makes a new ``hotfixes``, so the wrapper can tell a stale one by identity."""
+    """The record whose part a wrapper is. Calling it answers wrapt's ``enabled`` question (the
+    record on); ``active`` holds its name while it is on, ``hotfixes`` its ``Hotfix`` by name."""
 
     __slots__ = ("entries", "active", "hotfixes", "derived", "__weakref__")
 
@@ -105,18 +101,6 @@ class Joined:
 
     def __call__(self):
         return bool(self.active)
-
-
-class Gate:
-    """One module global replaced by a gate (``Hotfix.gates``): the module (weakly), the record
-    that armed it, the name, what it held, the gate put there and the function that made it (the
-    gate's identity: records of one site name the same ``make_gate`` and share one gate)."""
-
-    __slots__ = ("module_ref", "hotfix", "name", "original", "gate", "make_gate")
-
-    def __init__(self, module, hotfix, name, original, gate, make_gate):
-        self.module_ref = weakref.ref(module)
-        self.hotfix, self.name, self.original, self.gate, self.make_gate = hotfix, name, original, gate, make_gate
 
 
 # wrapt forwards ``__class__`` and ``__code__`` to the wrapped function, so TorchDynamo takes a
@@ -156,48 +140,7 @@ def _is_ours(attribute, hotfix, method_name):
         return False
 
 
-def _is_site_wrapper(attribute, hotfix, method_name):
-    """Our wrapper of ``method_name`` made for another record of ``hotfix``'s site: joined, never
-    refused (a record of the same site is not "someone else")."""
-    try:
-        return (
-            hotfix.site is not None
-            and isinstance(attribute, HotfixWrapper)
-            and attribute._self_method_name == method_name
-            and attribute._self_site == hotfix.site
-        )
-    except Exception:
-        return False
-
-
-def _chain(attribute):
-    """The attribute and what it calls below it through ``__wrapped__``.
-
-    A plain function that declares ``__wrapped__`` but does not hold it in its
-    closure (SGLang's HookRegistry REPLACE wrapper calls the plugin's function,
-    not the one it names) ends the chain: what it names is never called."""
-    seen = set()
-    while attribute is not None and id(attribute) not in seen:
-        seen.add(id(attribute))
-        yield attribute
-        try:
-            below = getattr(attribute, "__wrapped__", None)
-            if (
-                type(attribute) is types.FunctionType
-                and below is not None
-                and not any(_cell_holds(cell, below) for cell in attribute.__closure__ or ())
-            ):
-                return
-            attribute = below
-        except Exception:  # a hostile proxy: the chain ends here
-            return
-
-
-def _cell_holds(cell, value):
-    try:
-        return cell.cell_contents is value
-    except ValueError:  # an empty cell
-        return False
+_chain = code_edit.wrapper_chain  # one answer, for both mechanisms, to "what does a call of it reach"
 
 
 def _ours_in_chain(attribute, hotfix, method_name, test=None):
@@ -254,75 +197,25 @@ def _check_wrappable(hotfix, method_name, current, assessment):
     return None
 
 
-class GateProxy(wrapt.ObjectProxy):
-    """Base class of the objects ``Hotfix.gates`` put in a module's globals: a gate is
-    recognised as one (by its type: a proxy of someone else's around it is not one), a new
-    gate is put around what the old one gated, never around a gate, and ``remove()`` turns
-    it off (``_self_hotfix_on``) wherever it still sits.
-
-    It passes for what it gates, as wrapt's proxies do: ``isinstance`` and
-    ``inspect.ismodule`` (``__class__``), ``dir()``, ``__doc__``, ``__name__``, ``__spec__``,
-    ``__dict__``, attribute writes and deletions (they go to the gated object: a
-    ``mock.patch`` through the gate patches the module itself, as without the hotfix). Copying
-    and pickling do what they do to the gated object (a module: TypeError)."""
-
-    def __init__(self, gated):
-        super().__init__(gated)
-        self._self_hotfix_on = True
-
-    def __copy__(self):
-        return copy.copy(self.__wrapped__)
-
-    def __deepcopy__(self, memo):
-        return copy.deepcopy(self.__wrapped__, memo)
-
-    def __reduce__(self):
-        return self.__wrapped__.__reduce__()
-
-    def __reduce_ex__(self, protocol):
-        return self.__wrapped__.__reduce_ex__(protocol)
-
-
-def _is_gate(value):
-    return issubclass(type(value), GateProxy)
-
-
-def _holds(value, gate):
-    """Whether ``value`` is ``gate`` or wraps it (a proxy's ``__wrapped__`` chain)."""
-    for _ in range(16):
-        if value is gate:
-            return True
-        try:
-            value = getattr(value, "__wrapped__", None)
-        except Exception:
-            return False
-        if value is None:
-            return False
-    return False
-
-
-def defining_class(module, class_name):
-    """The class the module's source defines as ``class_name``, found from what the module binds
-    under that name now: that class itself, or, where a subclass was put in its place (SGLang's
-    HookRegistry REPLACE, a plugin), the first class of the subclass's MRO that the module defines
-    under that name. The records wrap that class's methods, which the subclass inherits. None when
-    the name is bound to nothing deriving from it."""
-    bound = vars(module).get(class_name)
-    for candidate in getattr(bound, "__mro__", ()) if isinstance(bound, type) else ():
-        if candidate.__dict__.get("__module__") == module.__name__ and candidate.__qualname__ == class_name:
-            return candidate
-    return None
+defining_class = code_edit.defining_class  # one answer for both mechanisms
 
 
 def wrap(hotfix, module, assessment):
-    """Wrap the record's methods on their class (all or none) and put its gates
-    in the module. Returns "wrapped" or "already".
+    """Wrap the record's methods on their class (all or none). Returns "wrapped" or "already".
 
     The record's wrapper gets ``module`` (the module it was applied to) as its
     first argument: the names of the target module it needs come from there,
     never from the globals of whatever function it wraps.
-    Raises ``NotWrappable`` when the hotfix must stand aside.
+    Raises ``NotWrappable`` when the hotfix must stand aside. A record whose repair is an edit
+    (``Hotfix.edits``) is put in force by ``code_edit`` instead: one mechanism per record.
     """
+    if hotfix.mechanism == "edit":
+        try:
+            return code_edit.put_record_in_force(hotfix, module, assessment)
+        except NotWrappable:
+            raise
+        except code_edit.NotEditable as problem:
+            raise NotWrappable(str(problem)) from None
     with _lock:
         cls = defining_class(module, hotfix.class_name)
         if cls is None:
@@ -335,50 +228,26 @@ def wrap(hotfix, module, assessment):
             raise NotWrappable("%s.%s does not define %s" % (hotfix.module, hotfix.class_name, ", ".join(missing)))
         found = [(name, cls.__dict__[name]) for name in hotfix.method_names]
         ours = [_ours_in_chain(current, hotfix, name) for name, current in found]
-        shared = [_ours_in_chain(current, hotfix, name, _is_site_wrapper) for name, current in found]
-        # All or none: each method holds ours already (on, or turned off in place by remove()), a
-        # wrapper of this record's site (joined), or SGLang's own function; anything else on one of
-        # them and the record stands aside for all.
-        for (name, current), wrapper, site_wrapper in zip(found, ours, shared):
-            problem = None
-            if wrapper is None:
-                # Joining checks the function under the site's wrapper as wrapping checks SGLang's own:
-                # compiled from the analysed file, at the analysed line.
-                below = site_wrapper.__wrapped__ if site_wrapper is not None else current
-                problem = _check_wrappable(hotfix, name, below, assessment)
+        # All or none: each method holds ours already (on, or turned off in place by remove()) or
+        # SGLang's own function; anything else on one of them and the record stands aside for all.
+        for (name, current), wrapper in zip(found, ours):
+            problem = _check_wrappable(hotfix, name, current, assessment) if wrapper is None else None
             if problem:
                 raise NotWrappable(problem)
         resumed = _resume(hotfix, [wrapper for wrapper in ours if wrapper is not None])
         fresh = False
-        for (name, current), wrapper, site_wrapper in zip(found, ours, shared):
+        for (name, current), wrapper in zip(found, ours):
             if wrapper is not None:
-                continue
-            if site_wrapper is not None:  # another record of the site wraps it: one wrapper, joined
-                entry = Applied(cls, hotfix, name, site_wrapper.__wrapped__, site_wrapper._self_joined)
-                entry.wrapper = site_wrapper
-                _applied.append(entry)
-                fresh = True
                 continue
             joined = Joined()
             entry = Applied(cls, hotfix, name, current, joined)
-            # A site's wrapper is told which of its records are on (``joined.hotfixes``).
-            bound = (module, joined) if hotfix.site is not None else (module,)
-            # wrapt asks ``enabled`` at each call; a site's wrapper reads ``joined.hotfixes`` itself (none
-            # on: SGLang's method alone), so it is spared that call (every decode layer makes one).
-            enabled = joined if hotfix.site is None else None
-            wrapper = HotfixWrapper(current, functools.partial(hotfix.wrapper, *bound), enabled=enabled)
+            wrapper = HotfixWrapper(current, functools.partial(hotfix.wrapper, module), enabled=joined)
             wrapper._self_joined = joined
-            wrapper._self_site = hotfix.site
             wrapper._self_method_name = name
             entry.wrapper = wrapper
             setattr(cls, name, wrapper)
             _applied.append(entry)
             fresh = True
-        if (fresh or resumed) and hotfix.on_wrap is not None:
-            try:
-                hotfix.on_wrap(module)
-            except Exception:  # the record is in force; what on_wrap could not do stays as before
-                pass
         return "wrapped" if fresh or resumed else "already"
 
 
@@ -396,55 +265,6 @@ def _resume(hotfix, ours):
     return True
 
 
-def _gate_in_force(hotfix, module, name):
-    """Our gate for ``name`` (the one this record's ``make_gate`` makes: shared by the records of
-    one site) is recorded and reached through the module's global (itself, or under someone's
-    proxy that forwards to it)."""
-    value = vars(module).get(name)
-    make_gate = dict(hotfix.gates).get(name)
-    return any(
-        isinstance(e, Gate)
-        and e.make_gate is make_gate
-        and e.name == name
-        and e.module_ref() is module
-        and _holds(value, e.gate)
-        for e in _applied
-    )
-
-
-def arm_gates(hotfix, module, names=None):
-    """Put the record's gates that are not in force into the module (those of ``names``, or all),
-    at the first call that needs them (a record's wrapper asks): a process whose calls never need
-    a repair never gets a gate. True when those gates are in force afterwards. False, with nothing put, when
-    the record's wrappers on the module's class are no longer in force (``remove()`` ran
-    meanwhile) or the module lacks a global it gates (SGLang binds ``flashinfer`` only where
-    it imports it: the module's own code cannot reach it either)."""
-    with _lock:
-        cls = defining_class(module, hotfix.class_name)
-        if not any(
-            isinstance(e, Applied) and e.hotfix is hotfix and e.enabled and e.cls_ref() is cls for e in _applied
-        ):
-            return False
-        gates = [(name, make_gate) for name, make_gate in hotfix.gates if names is None or name in names]
-        if any(name not in vars(module) for name, _ in gates):
-            return False
-        _install_gates(hotfix, module, gates)
-        return True
-
-
-def _install_gates(hotfix, module, gates):
-    """Put these gates of the record that are not in force into the module."""
-    for name, make_gate in gates:
-        if name not in vars(module) or _gate_in_force(hotfix, module, name):
-            continue
-        original = vars(module)[name]
-        if _is_gate(original):  # one of ours, put back by someone after remove()
-            original = original.__wrapped__
-        gate = make_gate(module, original)
-        setattr(module, name, gate)
-        _applied.append(Gate(module, hotfix, name, original, gate, make_gate))
-
-
 def remove_all():
     """Undo every wrap; returns how many methods were restored or turned off.
 
@@ -455,13 +275,11 @@ def remove_all():
     object goes back. Ours under another wrapper: it stays in that chain,
     turned off. Replaced by someone else: nothing else to undo.
     """
+    edited = code_edit.remove_all()
     restored = set()  # (class, method): a method several records share counts once
     in_place = set()  # the same, for methods turned off under another wrapper (not put back)
     with _lock:
         for entry in _applied:
-            if isinstance(entry, Gate):
-                _remove_gate(entry)
-                continue
             entry.enabled = False
             cls = entry.cls_ref()
             if cls is None:
@@ -501,58 +319,18 @@ def remove_all():
             ", %d turned off in place under another wrapper" % len(in_place) if in_place else "",
             once_key="removed",
         )
-    return len(restored) + len(in_place)
-
-
-def _remove_gate(entry):
-    """Put the module's global back, when it still holds our gate. A gate left in
-    place is harmless: with its record's wrappers off it only passes calls through."""
-    entry.gate._self_hotfix_on = False  # wherever it still sits, it only passes calls through
-    module = entry.module_ref()
-    current = vars(module).get(entry.name) if module is not None else None
-    if module is not None and current is entry.gate:
-        setattr(module, entry.name, entry.original)
-    elif current is entry.original or _is_gate(current):
-        # Nothing of this gate's to undo: the original is back (``importlib.reload`` re-ran the
-        # module's import), or a later gate of ours sits there (put back by its own entry).
-        if _is_gate(current):
-            current._self_hotfix_on = False
-            setattr(module, entry.name, current.__wrapped__)
-    elif module is not None:
-        say(
-            logging.WARNING,
-            "not restoring %s.%s: it was replaced after the hotfix put its gate there",
-            entry.hotfix.module,
-            entry.name,
-        )
+    return edited + len(restored) + len(in_place)
 
 
 def is_patched(hotfix, cls):
-    """True when this hotfix's wrappers are in force on every method it wraps (ours,
-    on or under another wrapper that calls it, and not turned off) and its gates, once
-    armed (``arm_gates``), are still in the module's globals."""
+    """True when this hotfix is in force on every method it patches: for a wrapper, ours (on, or
+    under another wrapper that calls it, and not turned off); for an edit, the code ``code_edit``
+    compiled with it (``code_edit.record_in_force``)."""
+    if hotfix.mechanism == "edit":
+        return code_edit.record_in_force(hotfix, cls)
     with _lock:
         for name in hotfix.method_names:
             ours = _ours_in_chain(cls.__dict__.get(name), hotfix, name)
             if ours is None or not ours._self_joined.entry_of(hotfix).enabled:
                 return False
-        if not hotfix.gates:
-            return True
-        module = _module_of(hotfix, cls)
-        if module is None:  # no gate was ever put: the module had none of the globals it gates
-            return True
-        makers = {make_gate for _, make_gate in hotfix.gates}
-        armed = {e.name for e in _applied if isinstance(e, Gate) and e.make_gate in makers and e.module_ref() is module}
-        return all(name not in armed or _gate_in_force(hotfix, module, name) for name, _ in hotfix.gates)
-
-
-def _module_of(hotfix, cls):
-    """The module whose class ``cls`` is: the one a gate of this record went into, else the
-    one registered under the class's module name (when it holds this class)."""
-    makers = {make_gate for _, make_gate in hotfix.gates}
-    candidates = [e.module_ref() for e in _applied if isinstance(e, Gate) and e.make_gate in makers]
-    candidates.append(sys.modules.get(cls.__module__))
-    for module in candidates:
-        if module is not None and defining_class(module, hotfix.class_name) is cls:
-            return module
-    return None
+        return True

@@ -86,7 +86,8 @@ class Hotfix(Value):
     * ``classify(tree) -> Classification``: verdict from the code's structure
       (of the live definitions, see ``detect``); it must not modify ``tree``:
       the records of one module share one parse.
-    * ``wrapper(module, wrapped, instance, args, kwargs)``: the wrapt wrapper,
+    * ``wrapper(module, wrapped, instance, args, kwargs)``: for a record on a set-up-time method
+      (``init_forward_metadata_capture_cuda_graph``, ``__init__``), the wrapt wrapper,
       with the module it was applied to first (names of the target module come
       from there). It must never raise where SGLang's method would not: a repair
       it cannot compute is skipped with ``logs.repair_skipped``.
@@ -95,26 +96,19 @@ class Hotfix(Value):
     * ``also``: other methods of the same class that the same ``wrapper``
       wraps (it tells them apart by ``wrapped.__name__``); all of them are
       wrapped, or none.
-    * ``gates``: ``(name, make_gate)`` pairs: the target module's global
-      ``name`` is replaced, while the hotfix is applied, by ``make_gate(module,
-      value)`` (a proxy through which the module's own code reaches ``value``),
-      and put back by ``remove()``. For a repair that must change what the
-      method passes to a function it calls (pr28144: FlashInfer's kernels).
-      Installed at the first call that needs them (the wrapper asks ``patch.arm_gates``).
-    * ``site``: None, or the name of a call site several records repair together (pr28144 and
-      pr31667: FlashInfer's kernel call in ``forward_decode``). Records of one site name the same
-      ``wrapper`` and ``gates``; on a method they share, the first one applied wraps it and the
-      others join that wrapper (one wrapt layer, one gate), each keeping its own verdict, switch,
-      line, status block and metric. A site's wrapper is called as ``wrapper(module, joined,
-      wrapped, instance, args, kwargs)``, ``joined.hotfixes`` holding the records on (by name, in
-      catalog order; ``joined.active``: their names).
     * ``environment``: None, or ``environment()`` -> None, or the reason (naming the release that
       fixes the bug) why this Python cannot carry the repair although the code is affected
       (encoder_only_mask: the installed FlashInfer takes no ``causal``); the verdict on an installed
       or imported source is then ``unrepairable``. It reads files only, never imports.
-    * ``on_wrap``: None, or ``on_wrap(module)``, called each time ``patch.wrap`` puts the record in
-      force (first wrap, or resumed after ``remove()``): for a record whose earlier repairs live on
-      in objects already made (xqa_workspace's workspaces) and need its gates back at once.
+    * ``edits``: for a record whose repair is upstream's change of statements inside methods
+      SGLang calls per step: ``code_edit.Edit`` values (which method, and the change of its syntax
+      tree). Such a record is put in force by ``code_edit``: the methods run the installed file's
+      code with upstream's change, compiled into SGLang's own function (``wrapper`` None, no gate).
+    * ``new_names``: ``code_edit.NewName`` values, the definitions upstream's code needs that the
+      release lacks (added to the class before the edited code runs, taken away by ``remove()``).
+    * ``made_at_construction``: attribute names upstream's ``__init__`` (an edit of this record) makes
+      and its per-step code reads: the record is never put in force while an instance of the class
+      built without them is alive (``apply()`` late in a process): it stands aside and says so.
     """
 
     __slots__ = (
@@ -129,20 +123,21 @@ class Hotfix(Value):
         "known_fingerprints",
         "probe",
         "also",
-        "gates",
-        "site",
-        "on_wrap",
         "environment",
+        "edits",
+        "new_names",
+        "made_at_construction",
     )
     _defaults = {
+        "wrapper": None,
+        "edits": (),
+        "new_names": (),
+        "made_at_construction": (),
         "known_fingerprints": {},
         "probe": None,
         "summary": "",
         "effect": "patched",
         "also": (),
-        "gates": (),
-        "site": None,
-        "on_wrap": None,
         "environment": None,
     }
 
@@ -165,8 +160,14 @@ class Hotfix(Value):
 
     @property
     def method_names(self):
-        """Every method the record wraps: the target's, then ``also``."""
+        """Every method the record wraps or edits: the target's, then ``also``."""
         return (self.method_name,) + tuple(self.also)
+
+    @property
+    def mechanism(self):
+        """How the record is put in force: "edit" (upstream's code compiled into SGLang's method,
+        ``code_edit``) or "wrap" (a wrapt wrapper, ``patch``)."""
+        return "edit" if self.edits else "wrap"
 
 
 def reports_only(module, wrapped, instance, args, kwargs):

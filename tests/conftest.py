@@ -62,6 +62,16 @@ def wrapped_methods(*records, leaving_out=()):
     return sorted({name for hotfix in chosen for name in hotfix.method_names})
 
 
+def new_class_names(*records):
+    """The class methods upstream's changes add (``Hotfix.new_names`` of class scope) for the named
+    records (every applied record's when none is named), sorted."""
+    from sglang_hotfix_trtllm.records import catalog
+
+    named = records or applied_record_names()
+    chosen = [h for h in catalog.HOTFIXES if h.name in named]
+    return sorted({new.name for hotfix in chosen for new in hotfix.new_names if new.scope == "class"})
+
+
 def clean_env(**overrides):
     env = {k: v for k, v in os.environ.items() if k not in OUR_VARIABLES and k != "PYTHONPATH"}
     env["PYTHONUNBUFFERED"] = "1"
@@ -285,3 +295,15 @@ def target_install(tmp_path_factory, plugin_wheel):
         timeout=300,
     )
     return folder
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session):
+    """On a run's controlling process (pytest-xdist's, or the only one), every release the tests
+    read is fetched first, six at a time (``support/prefetch.py``: on a clean clone this was minutes
+    of two processes downloading one wheel at a time). Nothing to do once the cache holds them."""
+    if hasattr(session.config, "workerinput"):
+        return
+    import prefetch
+
+    prefetch.fetch_all()

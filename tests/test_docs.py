@@ -18,8 +18,8 @@ from sglang_hotfix_trtllm import detect, status
 from sglang_hotfix_trtllm.records import catalog
 
 NAMES = [hotfix.name for hotfix in catalog.HOTFIXES]
-# The records that patch some release (a record that only reports, xqa_draft_extend, logs no
-# "patched" line and exports no sample).
+# The records that patch some release (a record that only reported would log no "patched" line and
+# export no sample; since 0.14.0 every record patches some release).
 PATCHING = [h.name for h in catalog.HOTFIXES if any(row["verdict"] == "affected" for row in h.known_fingerprints.rows)]
 # A record's name: an upstream pull request's number (pr26521), or the fix's own name where the
 # pull request was not found (xqa_workspace, encoder_only_mask, xqa_draft_extend).
@@ -111,7 +111,7 @@ def test_the_readmes_examples_show_one_line_per_record_in_catalog_order():
     assert [next(h.name for h in catalog.HOTFIXES if h.effect in line) for line in log_lines] == PATCHING
     samples = re.findall(r'sglang_hotfix_trtllm_applied\{.*record="([a-z][a-z0-9_]*)"', shown)
     assert samples == PATCHING
-    assert set(NAMES) - set(PATCHING) == {"xqa_draft_extend"}
+    assert set(NAMES) - set(PATCHING) == set()
     (first_line,) = re.findall(r"^PROTECTED: SGLang 0\.5\.12 has the bugs of record ([^;]+);", shown, re.M)
     assert first_line.split(", ") == [
         name for name, verdict in docs_tables.verdicts_by_release()["0.5.12"].items() if verdict == "affected"

@@ -38,7 +38,6 @@ import workspace_cases
 from conftest import CACHE, clean_env, exclusive, status_json
 from sglang_hotfix_trtllm import detect, logs, patch
 from sglang_hotfix_trtllm.records import encoder_only_mask, pr28144, pr31667, xqa_workspace
-from sglang_hotfix_trtllm.records import trtllm_kernel_site as site
 
 HOTFIX = encoder_only_mask.HOTFIX
 TABLE = release_selection.table(HOTFIX)
@@ -87,14 +86,14 @@ def _cases(release, every_layout=False):
     return chosen
 
 
-def _default_dropped(calls):
-    """The oracle's calls with the context kernel's ``causal=True`` (FlashInfer's default) taken out."""
-    out = []
-    for name, arguments in calls:
-        if name == CONTEXT and arguments.get("causal") is True:
-            arguments = {k: v for k, v in arguments.items() if k != "causal"}
-        out.append((name, arguments))
-    return out
+def _causal_default_dropped(calls):
+    """Calls with the context kernel's ``causal=True`` (FlashInfer's default) taken out."""
+    return [
+        (name, {k: v for k, v in arguments.items() if not (k == "causal" and v is True)})
+        if name == CONTEXT
+        else (name, arguments)
+        for name, arguments in calls
+    ]
 
 
 def _oracle(release, scales, packed_query=False):
@@ -106,8 +105,7 @@ def _oracle(release, scales, packed_query=False):
         packed_query_dir=release_selection.release_dir("0.5.16") if packed_query else None,
     )
     return {
-        name: _default_dropped(fp8_cases.kernel_calls(module, case))
-        for name, case in _cases(release, every_layout=packed_query).items()
+        name: fp8_cases.kernel_calls(module, case) for name, case in _cases(release, every_layout=packed_query).items()
     }
 
 
@@ -127,7 +125,8 @@ def _with_records(release, records, every_layout=False):
 def test_unpatched_differs_from_the_oracle_exactly_on_encoder_only_prefill(release):
     """The comparison can fail, and fails where the bug bites: an encoder-only layer's extend."""
     unpatched = _with_records(release, ())
-    oracle = _oracle(release, scales=False)
+    # 0.5.22 passes causal=True on a decoder layer, FlashInfer's default: the same attention.
+    oracle = {name: _causal_default_dropped(calls) for name, calls in _oracle(release, scales=False).items()}
     cases = _cases(release)
     differing = sorted(name for name in cases if unpatched[name] != oracle[name])
     expected = sorted(
@@ -182,8 +181,8 @@ def test_from_0_5_16_the_nested_context_call_is_repaired_every_time_context_para
         assert [k for k, _ in calls] == [kernel] * (expected_cp_calls if case.cp else 1), name
         want = "bidirectional" if case.attn_type == "ENCODER_ONLY" else "causal"
         assert all(_mask(k, arguments) == want for k, arguments in calls), name
-        if kernel == CONTEXT and want == "causal":
-            assert all("causal" not in arguments for _, arguments in calls), name
+        if kernel == CONTEXT and want == "causal":  # 0.5.22 passes causal=True itself, as upstream's code here
+            assert all(arguments["causal"] is True for _, arguments in calls), name
         if kernel == FMHA_V2:
             assert all(isinstance(arguments["qkv"], tuple) for _, arguments in calls), name
 
@@ -192,12 +191,14 @@ def test_from_0_5_16_the_nested_context_call_is_repaired_every_time_context_para
 def test_from_0_5_16_the_records_patching_beside_it_are_known(release):
     """The composition to prove on these releases: every other record is fixed, not applicable or
     only reported there (pr28144, pr31667 fixed by 0.5.16), but xqa_workspace from 0.5.19, which
-    repairs fmha_v2's workspace through the same gate (test_with_xqa_workspace_...)."""
+    edits the same method (test_with_xqa_workspace_...), and xqa_draft_extend on 0.5.21."""
     from sglang_hotfix_trtllm.records import catalog
 
     tree = ast.parse((release_selection.release_dir(release) / fp8_cases.BACKEND).read_text(encoding="utf-8"))
     patching = [h.name for h in catalog.HOTFIXES if h.classify(tree).verdict.value == "affected"]
     expected = ["encoder_only_mask"] if Version(release) < Version("0.5.19") else ["xqa_workspace", "encoder_only_mask"]
+    if release == "0.5.21":  # xqa_draft_extend repairs 0.5.21 (0.14.0): test_xqa_draft_extend composes the two
+        expected.append("xqa_draft_extend")
     assert patching == expected
 
 
@@ -389,9 +390,9 @@ def test_from_0_5_19_the_decode_kernel_called_by_run_fixed_q_len_decode_keeps_sg
     release, caplog, monkeypatch
 ):
     """Draft extend (and verify) on the decode kernel go through ``_run_fixed_q_len_decode``, a
-    method that calls the kernel itself: inside an encoder-only forward_extend the gate passes its
-    call with SGLang's arguments (0.5.22's, the oracle's) and says nothing; without the record's
-    ``register_delegate`` the same call would be said to have bypassed the gate (so this can fail)."""
+    method that calls the kernel itself: inside an encoder-only forward_extend, upstream's code
+    passes it SGLang's arguments (0.5.22's, the oracle's), and the hotfix says nothing (its 0.13
+    gate needed a registry of such delegates; upstream's code needs none)."""
     (case,) = [
         c
         for c in fp8_cases.cases(release).values()
@@ -421,6 +422,3 @@ def test_from_0_5_19_the_decode_kernel_called_by_run_fixed_q_len_decode_keeps_sg
     caplog.set_level("WARNING")
     assert patched() == oracle
     assert not [r for r in caplog.records if r.levelname == "WARNING"], caplog.text
-    monkeypatch.setattr(site, "_DELEGATES", set())
-    assert patched() == oracle
-    assert "did not pass the gate" in caplog.text

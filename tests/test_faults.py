@@ -95,7 +95,7 @@ def test_backend_without_the_method_is_refused(scenario, overlay_dir, installed_
     assert ran.returncode == 0, ran
     # the other records' methods are wrapped; pr26521's is not there
     assert ran.result["attribute_type"] is None
-    assert sorted(ran.result["wrappers_in_class"]) == wrapped_methods(leaving_out=("pr26521",))
+    assert sorted(ran.result["patched_in_class"]) == wrapped_methods(leaving_out=("pr26521",))
     (line,) = warnings_of(ran)
     assert "not found" in line
 
@@ -267,11 +267,16 @@ def test_sglang_hook_registry_below_makes_the_hotfix_stand_aside_above_keeps_it_
 
 
 def test_many_apply_remove_cycles_do_not_grow(fault):
-    ran = fault("cycles_memory", "2000")
+    # 300 cycles under tracemalloc (each apply() compiles the records' edits of the backend's file),
+    # the growth of the second 150: a leak of one small object a cycle would show. Measured with
+    # 0.14.0, three successive windows of 150 grew 8.5, 5.7 and 4.0 KB (caches settling, not a
+    # leak: it falls): 64 bytes a cycle.
+    cycles = 300
+    ran = fault("cycles_memory", str(cycles))
     assert ran.returncode == 0, ran
     r = ran.result
     assert r["meta_path_growth"] == 0 and r["records"] == 1 and r["wrapped_is_original"] and r["single_layer"]
-    assert r["growth_bytes"] < 64 * 1024, r
+    assert r["growth_bytes"] < 64 * cycles // 2, r
 
 
 # --- security -----------------------------------------------------------------

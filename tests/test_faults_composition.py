@@ -377,6 +377,11 @@ def test_another_patcher_above_the_hotfix_keeps_it_exact_or_reports_it_gone(reco
     if patcher in CALL_THROUGH:
         assert patch.is_patched(record.hotfix, record.cls)
         assert record.outcome() == "as-alone"
+    elif record.hotfix.mechanism == "edit":
+        # Their method calls SGLang's function, which runs upstream's code: repaired. Whether a
+        # replacement calls it cannot be seen, so the record does not claim it (never more).
+        assert not patch.is_patched(record.hotfix, record.cls)
+        assert record.outcome() == "as-alone"
     else:  # their own method replaces SGLang's, and the hotfix with it: status says so
         assert not patch.is_patched(record.hotfix, record.cls)
         assert record.outcome() == "unpatched"
@@ -536,46 +541,53 @@ def scales():
     target.close()
 
 
-def test_pr28144_the_gate_goes_in_at_the_first_call_that_needs_it_and_remove_takes_it_out(scales, lines):
+def test_pr28144_no_module_global_is_replaced_and_remove_restores_the_very_code(scales, lines):
+    """Records as upstream's code (0.14.0): the module's ``flashinfer`` is FlashInfer itself before,
+    during and after; the methods stay SGLang's functions; remove() puts back the very code objects
+    and apply() makes the repair again. (0.13 replaced the global by a gate at the first call that
+    needed a repair.)"""
     own = scales.module.flashinfer
+    functions = {name: scales.cls.__dict__[name] for name in scales.hotfix.method_names}
+    codes = {name: function.__code__ for name, function in functions.items()}
     assert engine.handle(scales.hotfix, scales.module) == "patched"
-    assert scales.module.flashinfer is own  # nothing needed a repair yet
-    assert scales.outcome() == "as-alone"
-    gate = scales.module.flashinfer
-    assert type(gate).__name__ == "FlashInferGate" and gate.__wrapped__ is own
-    assert engine.handle(scales.hotfix, scales.module) == "already" and scales.module.flashinfer is gate
-    assert scales.outcome() == "as-alone" and scales.module.flashinfer is gate  # one gate, kept
+    assert scales.outcome() == "as-alone" and scales.module.flashinfer is own
+    assert all(scales.cls.__dict__[name] is function for name, function in functions.items())
+    assert engine.handle(scales.hotfix, scales.module) == "already"
     patch.remove_all()
+    assert all(functions[name].__code__ is codes[name] for name in functions)
     assert scales.module.flashinfer is own and scales.outcome() == "unpatched"
-    assert engine.handle(scales.hotfix, scales.module) == "patched"  # again, around the module's own
-    assert scales.outcome() == "as-alone" and scales.module.flashinfer.__wrapped__ is own
+    assert engine.handle(scales.hotfix, scales.module) == "patched"
+    assert scales.outcome() == "as-alone" and scales.module.flashinfer is own
     assert _warnings(lines) == []
 
 
-def test_pr28144_a_flashinfer_replaced_after_the_gate_went_in_is_gated_again(scales, lines):
-    """Someone else's assignment of the module's ``flashinfer`` (a profiler's object, here the
-    module itself): the next call that needs a repair puts a gate around what is there now, so
-    their object receives upstream's arguments; remove() then leaves what they put, and says
-    nothing false."""
+def test_pr28144_an_error_inside_upstreams_code_propagates_as_upstreams_would(scales, lines):
+    """A scale that cannot be read raises inside 0.5.15's ``_get_bmm_scales``, as it would upstream
+    (0.13 made the release's call with one warning: a failure became the release's output)."""
+
+    class Unreadable:
+        def __float__(self):
+            raise RuntimeError("simulated: the scale cannot be read")
+
+        def __gt__(self, other):
+            raise RuntimeError("simulated: the scale cannot be read")
+
     assert engine.handle(scales.hotfix, scales.module) == "patched"
-    scales.outcome()
-    own = scales.module.flashinfer.__wrapped__
-    scales.module.flashinfer = own  # someone else's assignment
-    assert scales.outcome() == "as-alone" and scales.module.flashinfer.__wrapped__ is own
-    patch.remove_all()
-    assert scales.module.flashinfer is own and scales.outcome() == "unpatched"
+    case = _fp8_decode_case(scales)
+    original = fp8_cases._layer
+
+    def layer(case):
+        made = original(case)
+        made.v_scale_float = Unreadable()
+        return made
+
+    fp8_cases._layer = layer
+    try:
+        with pytest.raises(RuntimeError, match="simulated: the scale cannot be read"):
+            fp8_cases.kernel_calls(scales.module, case)
+    finally:
+        fp8_cases._layer = original
     assert _warnings(lines) == []
-
-
-def test_pr28144_a_repair_that_cannot_be_computed_leaves_sglangs_call(scales, lines, monkeypatch):
-    def failing(backend, layer, q_scale=1.0):
-        raise RuntimeError("simulated: the scales cannot be read")
-
-    monkeypatch.setattr(pr28144, "bmm_scales", failing)
-    assert engine.handle(scales.hotfix, scales.module) == "patched"
-    assert scales.outcome() == "unpatched"
-    (warning,) = _warnings(lines)
-    assert "not repairing a call of" in warning and "simulated: the scales cannot be read" in warning
 
 
 def test_pr28144_a_kernel_failure_with_upstreams_arguments_propagates_and_is_never_retried(scales, lines):
@@ -595,7 +607,7 @@ def test_pr28144_a_kernel_failure_with_upstreams_arguments_propagates_and_is_nev
             fp8_cases.kernel_calls(scales.module, scales.cases[0])
         assert len(calls) == 1 and calls[0]["bmm2_scale"] == 4.0  # upstream's arguments, once
     finally:
-        scales.module.flashinfer.__wrapped__.decode.trtllm_batch_decode_with_kv_cache = kernel
+        scales.module.flashinfer.decode.trtllm_batch_decode_with_kv_cache = kernel
     assert _warnings(lines) == []
 
 
@@ -610,11 +622,11 @@ def test_pr28144_after_remove_under_a_patcher_on_one_method_apply_brings_the_rep
     assert patch.is_patched(scales.hotfix, scales.cls) and scales.outcome() == "as-alone"
 
 
-def test_pr28144_the_gate_looks_the_kernel_up_at_each_call_as_sglang_does(scales, lines):
+def test_pr28144_the_kernel_is_looked_up_at_each_call_as_sglang_does(scales, lines):
     """A kernel replaced while the record is applied (a profiler, a mock) is the one called."""
     assert engine.handle(scales.hotfix, scales.module) == "patched"
-    scales.outcome()  # the gate has been used once
-    decode = scales.module.flashinfer.decode.__wrapped__
+    scales.outcome()
+    decode = scales.module.flashinfer.decode
     kernel, seen = decode.trtllm_batch_decode_with_kv_cache, []
 
     def profiled(**kwargs):
@@ -628,45 +640,17 @@ def test_pr28144_the_gate_looks_the_kernel_up_at_each_call_as_sglang_does(scales
         decode.trtllm_batch_decode_with_kv_cache = kernel
 
 
-def test_pr28144_a_proxy_of_someone_elses_around_the_gate_is_kept_and_the_repair_reported(scales, lines):
+def test_pr28144_a_proxy_of_someone_elses_around_flashinfer_gets_upstreams_arguments_and_is_kept(scales, lines):
+    """A tracer put over the module's ``flashinfer`` receives what upstream's code passes; the hotfix
+    never touches it, and remove() leaves it there."""
     assert engine.handle(scales.hotfix, scales.module) == "patched"
-    scales.outcome()  # the gate is in
-    tracer = wrapt.ObjectProxy(scales.module.flashinfer)  # a tracer wraps the module's flashinfer
+    tracer = wrapt.ObjectProxy(scales.module.flashinfer)
     scales.module.flashinfer = tracer
     assert patch.is_patched(scales.hotfix, scales.cls) and scales.outcome() == "as-alone"
     assert engine.handle(scales.hotfix, scales.module) == "already" and scales.module.flashinfer is tracer
     patch.remove_all()
-    assert scales.module.flashinfer is tracer and scales.outcome() == "unpatched"  # the gate, off, passes through
-    assert _warnings(lines) == [] or all("not restoring" in m for m in _warnings(lines))
-
-
-class _PositionalCaller(wrapt.ObjectProxy):
-    """Someone's proxy above the gate whose decode kernel passes the query positionally."""
-
-    @property
-    def decode(self):
-        gated = self.__wrapped__.decode.trtllm_batch_decode_with_kv_cache
-        return types.SimpleNamespace(trtllm_batch_decode_with_kv_cache=lambda query, **kw: gated(query, **kw))
-
-
-def test_pr28144_each_kind_of_skipped_repair_is_said_once(scales, lines, monkeypatch):
-    """Routes the gate cannot repair exactly stand aside with one warning each, and one kind said
-    does not hide another: a positional kernel call, then a repair that cannot be computed."""
-    assert engine.handle(scales.hotfix, scales.module) == "patched"
-    scales.outcome()
-    gate = scales.module.flashinfer
-    decode = gate.__wrapped__.decode
-    kernel = decode.trtllm_batch_decode_with_kv_cache
-    monkeypatch.setattr(decode, "trtllm_batch_decode_with_kv_cache", lambda query, **kw: kernel(query=query, **kw))
-    scales.module.flashinfer = _PositionalCaller(gate)
-    assert scales.outcome() == "unpatched"
-    assert scales.outcome() == "unpatched"
-    scales.module.flashinfer = gate
-    monkeypatch.setattr(pr28144, "bmm_scales", lambda *a: 1 / 0)
-    assert scales.outcome() == "unpatched"
-    said = [m for m in _warnings(lines) if "not repairing" in m]
-    assert len(said) == 2 and "positional" in said[0] and "ZeroDivisionError" in said[1], _warnings(lines)
-    assert len(_warnings(lines)) == 2
+    assert scales.module.flashinfer is tracer and scales.outcome() == "unpatched"
+    assert _warnings(lines) == []
 
 
 # --------------------------------------------------------------------------
@@ -680,13 +664,13 @@ def _fp8_decode_case(scales):
 def test_pr28144_mock_patch_of_the_kernel_through_the_backends_name_gets_upstreams_arguments(scales, lines):
     """``mock.patch("<backend>.flashinfer.decode.<kernel>")`` patches FlashInfer's own submodule,
     as without the hotfix, and the mock receives upstream's arguments (0.5.0: the release's,
-    bmm2 1.0, since the mock landed on the gate itself); leaving the context puts FlashInfer's
-    own kernel back."""
+    bmm2 1.0, since the mock landed on 0.5.0's gate); leaving the context puts FlashInfer's own
+    kernel back."""
     from unittest import mock
 
     assert engine.handle(scales.hotfix, scales.module) == "patched"
-    scales.outcome()  # the gate is in
-    decode = scales.module.flashinfer.__wrapped__.decode
+    scales.outcome()
+    decode = scales.module.flashinfer.decode
     kernel = decode.trtllm_batch_decode_with_kv_cache
     sys.modules[ALIAS] = scales.module
     try:
@@ -704,11 +688,11 @@ def test_pr28144_mock_patch_of_the_kernel_through_the_backends_name_gets_upstrea
 def test_pr28144_hook_registry_hooks_on_the_kernel_see_upstreams_arguments(scales, registry, lines, kind, armed_first):
     """SGLang's HookRegistry on the kernel, through the backend's name: the hook wraps what the name
     holds, and the kernel call that reaches it (and FlashInfer's kernel) carries upstream's arguments,
-    whether the gate went in before the hook or after."""
+    whether a call ran before the hook went in or not."""
     assert engine.handle(scales.hotfix, scales.module) == "patched"
     if armed_first:
         scales.outcome()
-    decode = (getattr(scales.module.flashinfer, "__wrapped__", scales.module.flashinfer)).decode
+    decode = scales.module.flashinfer.decode
     kernel = decode.trtllm_batch_decode_with_kv_cache
     seen = []
     hook = {
@@ -732,33 +716,10 @@ def test_pr28144_hook_registry_hooks_on_the_kernel_see_upstreams_arguments(scale
     assert _warnings(lines) == []
 
 
-def test_pr28144_the_gate_passes_for_the_module_it_stands_for():
-    """isinstance, inspect.ismodule, dir(), __doc__, __name__, __spec__, copy and pickle behave on
-    the gate as on the module (0.5.0: isinstance False, RecursionError from copy.copy, ...)."""
-    import copy
-    import importlib.machinery
-    import inspect
-    import pickle
-
-    module = types.ModuleType("flashinfer", "FlashInfer, as a module")
-    module.__spec__ = importlib.machinery.ModuleSpec("flashinfer", None)
-    module.decode = types.ModuleType("flashinfer.decode")
-    gate = pr28144.make_gate(None, module)
-    assert isinstance(gate, types.ModuleType) and inspect.ismodule(gate)
-    assert set(dir(module)) <= set(dir(gate)) and {"__name__", "__spec__", "__loader__"} <= set(dir(gate))
-    assert (gate.__doc__, gate.__name__, gate.__spec__) == (module.__doc__, module.__name__, module.__spec__)
-    for action in (copy.copy, copy.deepcopy, pickle.dumps):
-        with pytest.raises(TypeError) as on_module:
-            action(module)
-        with pytest.raises(TypeError) as on_gate:
-            action(gate)
-        assert str(on_gate.value) == str(on_module.value)
-
-
 def test_both_kernel_call_records_under_another_patcher_stay_exact_and_come_back_after_remove(registry, lines):
-    """pr28144 applied, a wrapt wrapper put on top of its wrapper, then pr31667 joins the shared
-    wrapper below it: the kernel gets both repairs; remove() turns the shared wrapper off in place
-    (one warning); apply again resumes both."""
+    """pr28144 applied, a wrapt wrapper put on top of SGLang's function, then pr31667's edit compiled
+    into the same function below it: the kernel gets both repairs; remove() puts back the release's
+    code (their wrapper stays, and calls it); apply again brings both back."""
     release_dir = release_selection.release_dir(RELEASE)
     module = fp8_cases.load_backend_module(release_dir)
     cls = module.TRTLLMHAAttnBackend
@@ -793,7 +754,7 @@ def test_both_kernel_call_records_under_another_patcher_stay_exact_and_come_back
         patch.remove_all()
         setattr(cls, "forward_decode", original)
         setattr(cls, "forward_extend", cls.__dict__["forward_extend"])
-    assert len([m for m in _warnings(lines) if "turned off in place" in m]) == 2
+    assert _warnings(lines) == []
 
 
 def test_remove_under_another_wrapper_says_the_method_is_turned_off_not_restored(registry, lines):

@@ -57,9 +57,10 @@ records, with no bug in 0.5.12, run on their own releases only (pr17732: 0.5.1 a
 first of them when quick; pr19107: 0.5.9): every mutant of the methods they pin must be refused,
 and the unmutated release repaired exactly (pr17732: ``fp8_cases`` with PR #17732 from 0.5.9's file;
 pr19107: ``swa_write_cases`` on SGLang's real SWAKVPool, with PR #19107 from 0.5.10's file).
-xqa_workspace (no fmha_v2 in 0.5.12) runs on 0.5.22: ``__init__`` and ``forward_extend`` pinned,
-``forward_decode``'s mutants refused or repaired exactly (``workspace_cases``: SGLang's own
-``__init__``, prefill and decode, with 0.5.23's change from its file as the oracle).
+xqa_workspace (no fmha_v2 in 0.5.12) runs on 0.5.22: ``__init__`` and ``forward_extend``, the two
+methods its edits change, pinned (every mutant refused); the unmutated release repaired exactly
+(``workspace_cases``: SGLang's own ``__init__``, prefill and decode, with 0.5.23's change from its
+file as the oracle).
 encoder_only_mask runs on 0.5.12, 0.5.13, 0.5.14, 0.5.16, 0.5.17, 0.5.18, 0.5.19 and 0.5.21:
 ``forward_extend``, the helpers it calls and ``_run_fixed_q_len_decode`` pinned, every mutant refused;
 the unmutated release repaired exactly (``fp8_cases`` with 0.5.22's ``causal=`` and ``mask_mode=``
@@ -215,10 +216,12 @@ RECORDS = {
         installed=False,
     ),
     # No fmha_v2 in the installed SGLang (0.5.12): its affected releases only. __init__ and
-    # forward_extend are pinned; forward_decode passes XQA the workspace and must stay exact.
+    # forward_extend, the two methods its edits change, are pinned. (Until 0.13 forward_decode's
+    # mutants ran too: its XQA call went through the record's gate. Upstream's code in the two
+    # methods reads nothing of forward_decode: 281 mutants, 110 s of CI, that prove nothing now.)
     "xqa_workspace": dict(
         record=xqa_workspace,
-        methods=("__init__", "forward_extend", "forward_decode"),
+        methods=("__init__", "forward_extend"),
         pinned=("__init__", "forward_extend"),
         writes={
             "fmha_v2_here": "flashinfer.prefill.trtllm_fmha_v2_prefill((q, q), workspace_buffer=self.workspace_buffer)",
@@ -245,7 +248,7 @@ RECORDS = {
 # Mutants the generator makes, measured (pr26521: 363 on 0.5.12, 310 on 0.5.1 and
 # 0.5.3; pr25103: 403 on 0.5.12, 331 on 0.5.9; pr28144: 645 on 0.5.12, 636 on 0.5.9, 320 on 0.5.1;
 # pr31667: 303 on 0.5.12, 271 on 0.5.14; pr17732: 286 on 0.5.1, 447 on 0.5.8.post1; pr19107: 680 on 0.5.9;
-# xqa_workspace: 1636 on 0.5.22; encoder_only_mask: 341 on 0.5.12, 361 on 0.5.13, 356 on 0.5.14,
+# xqa_workspace: 1355 on 0.5.22; encoder_only_mask: 341 on 0.5.12, 361 on 0.5.13, 356 on 0.5.14,
 # 513 on 0.5.16, 636 on 0.5.17, 647 on 0.5.18, 828 on 0.5.19, 1099 on 0.5.21),
 # less a little: a generator that silently stops mutating fails here.
 FLOORS = {
@@ -262,7 +265,7 @@ FLOORS = {
     ("pr17732", "0.5.1"): 275,
     ("pr17732", "0.5.8.post1"): 435,
     ("pr19107", "0.5.9"): 665,
-    ("xqa_workspace", "0.5.22"): 1620,
+    ("xqa_workspace", "0.5.22"): 1350,
     ("encoder_only_mask", INSTALLED): 330,
     ("encoder_only_mask", "0.5.13"): 350,
     ("encoder_only_mask", "0.5.14"): 300,

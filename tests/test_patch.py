@@ -3,7 +3,7 @@ module, with real tensors on CPU. The oracle is the installed method with
 PR #26521's statement inserted (tests/support/upstream_fix.py)."""
 
 from capture_harness import BRANCH_NAMES
-from conftest import PATCHED, wrapped_methods
+from conftest import PATCHED, new_class_names, wrapped_methods
 
 
 def test_import_patches_the_real_module(scenario):
@@ -65,6 +65,7 @@ def test_only_the_method_changes_and_remove_restores_it(scenario):
     assert r["first_type"] == PATCHED and r["wrapped_is_original"]
     assert r["same_wrapper_after_second_apply"], "applying twice must be a no-op"
     assert r["changed"] == wrapped_methods()  # the methods the records name, nothing else
+    assert r["added"] == new_class_names()  # and upstream's new methods, for the edits that call them
     assert r["signature_after"] == r["signature_before"]
     assert r["bound_signature_after"] == r["signature_before"].replace("(self, ", "(", 1)
     assert r["restored"] == len(wrapped_methods()) and r["original_back"] and r["unchanged_after_remove"]

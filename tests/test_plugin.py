@@ -11,7 +11,7 @@ def test_sglang_load_plugins_arms_the_hook_without_importing_the_backend(scenari
     assert r["attribute_type"] == PATCHED and not r["wrapped_is_wrapper"]
     # Startup module and entry point both ran again: still exactly one wrapper.
     assert r["after_both"]["attribute_type"] == PATCHED and not r["after_both"]["wrapped_is_wrapper"]
-    assert r["after_both"]["wrappers_in_class"] == wrapped_methods()
+    assert r["after_both"]["patched_in_class"] == wrapped_methods()
     assert sum("INFO: patched" in line for line in ran.hotfix_lines()) == 1
 
 

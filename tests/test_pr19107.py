@@ -185,28 +185,62 @@ def test_a_full_attention_layer_gets_sglangs_own_batch():
     )
 
 
-def test_a_pool_without_upstreams_calls_leaves_the_call_as_the_release_makes_it(caplog):
-    """A pool that cannot translate (a test double, another pool class): one warning, the release's call."""
-    module, _ = swa_write_cases.modules(release_selection.release_dir(RELEASE))
-    backend = object.__new__(module.TRTLLMHAAttnBackend)
-    backend.page_size, backend.use_sliding_window_kv_pool = fp8_cases.PAGE_SIZE, True
-    backend._swa_kv_pool = types.SimpleNamespace(layers_mapping={})  # no mapping for the layer
-    pool = swa_write_cases.swa_pool()
-    batch = types.SimpleNamespace(out_cache_loc=torch.tensor([5, 9]), token_to_kv_pool=pool)
-    k = torch.zeros(2, 1, fp8_cases.HEAD_DIM, dtype=torch.bfloat16)
-    layer = swa_write_cases.layer_of(SWA_LAYER, "absent")
-    unpatched = swa_write_cases.record(
-        module, lambda: backend._fused_fp8_set_kv_buffer(q=k, k=k, v=k, layer=layer, forward_batch=batch)
-    )
+def test_a_pool_without_upstreams_mapping_raises_as_upstreams_code_does():
+    """A pool that cannot translate (no mapping for the layer): the repaired method raises where
+    0.5.10's code raises, the same error, and never writes at the untranslated locations."""
+    release_dir = release_selection.release_dir(RELEASE)
+    module, oracle = swa_write_cases.modules(release_dir)
+
+    def outcome(of):
+        backend = object.__new__(of.TRTLLMHAAttnBackend)
+        backend.page_size, backend.use_sliding_window_kv_pool = fp8_cases.PAGE_SIZE, True
+        backend._swa_kv_pool = types.SimpleNamespace(layers_mapping={})  # no mapping for the layer
+        batch = types.SimpleNamespace(out_cache_loc=torch.tensor([5, 9]), token_to_kv_pool=swa_write_cases.swa_pool())
+        k = torch.zeros(2, 1, fp8_cases.HEAD_DIM, dtype=torch.bfloat16)
+        layer = swa_write_cases.layer_of(SWA_LAYER, "absent")
+        return swa_write_cases.record(
+            of, lambda: backend._fused_fp8_set_kv_buffer(q=k, k=k, v=k, layer=layer, forward_batch=batch)
+        )
+
+    unpatched = outcome(module)
     try:
         patch.wrap(HOTFIX, module, detect.assess_module(HOTFIX, module))
-        got = swa_write_cases.record(
-            module, lambda: backend._fused_fp8_set_kv_buffer(q=k, k=k, v=k, layer=layer, forward_batch=batch)
-        )
+        got = outcome(module)
     finally:
         patch.remove_all()
-    assert got == unpatched
-    assert "not repairing a call of" in caplog.text and "record pr19107" in caplog.text
+    assert got == outcome(oracle) == "raised KeyError: %d" % SWA_LAYER
+    assert unpatched != got  # the release wrote at full-pool indices
+
+
+def test_the_new_method_is_upstreams_own_definition():
+    """The record carries 0.5.10's ``_get_layer_cache_loc`` text: it parses to 0.5.10's definition."""
+    path = release_selection.release_dir(swa_write_cases.TRANSLATED_RELEASE) / fp8_cases.BACKEND
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    upstream = _method(tree, pr19107.TRANSLATOR)
+    (carried,) = ast.parse(pr19107.UPSTREAM_TRANSLATOR).body
+    assert ast.dump(carried) == ast.dump(upstream)
+
+
+def test_the_patched_method_is_upstreams_code_and_remove_restores_the_identical_object():
+    """No wrapper: the class keeps SGLang's function, whose code is the release's file with 0.5.10's
+    statement, compiled as the file is; remove() puts the very code object back and takes the new
+    method away."""
+    module, _ = swa_write_cases.modules(release_selection.release_dir(RELEASE))
+    cls = module.TRTLLMHAAttnBackend
+    function = cls.__dict__[pr19107.METHOD]
+    original = function.__code__
+    try:
+        assert patch.wrap(HOTFIX, module, detect.assess_module(HOTFIX, module)) == "wrapped"
+        assert cls.__dict__[pr19107.METHOD] is function and function.__code__ is not original
+        assert function.__code__.co_filename == original.co_filename
+        assert function.__code__.co_firstlineno == original.co_firstlineno
+        assert "_get_layer_cache_loc" in function.__code__.co_names
+        assert cls.__dict__[pr19107.TRANSLATOR].__globals__ is vars(module)
+        assert patch.is_patched(HOTFIX, cls)
+    finally:
+        assert patch.remove_all() == 1
+    assert function.__code__ is original and pr19107.TRANSLATOR not in cls.__dict__
+    assert not patch.is_patched(HOTFIX, cls)
 
 
 @pytest.mark.parametrize("reverse", [False, True], ids=["catalog-order", "reversed-apply-order"])

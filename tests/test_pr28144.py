@@ -15,7 +15,7 @@ from packaging.version import Version
 import release_selection
 from sglang_hotfix_trtllm import detect
 from sglang_hotfix_trtllm.record import Verdict
-from sglang_hotfix_trtllm.records import pr28144, trtllm_kernel_site
+from sglang_hotfix_trtllm.records import pr28144, trtllm_kernel_routes
 
 HOTFIX = pr28144.HOTFIX
 TABLE = release_selection.table(HOTFIX)
@@ -78,7 +78,7 @@ def _helper_calling_a_kernel(tree):
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == pr28144.CLASS_NAME)
     cls.body.append(
         ast.parse(
-            "def _other(self, **kw):\n    return flashinfer.decode.%s(**kw)" % trtllm_kernel_site.KERNELS["decode"]
+            "def _other(self, **kw):\n    return flashinfer.decode.%s(**kw)" % trtllm_kernel_routes.KERNELS["decode"]
         ).body[0]
     )
 

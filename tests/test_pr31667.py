@@ -20,7 +20,7 @@ from packaging.version import Version
 
 import fp8_cases
 import release_selection
-from sglang_hotfix_trtllm import detect, patch
+from sglang_hotfix_trtllm import code_edit, detect, patch
 from sglang_hotfix_trtllm.record import Verdict
 from sglang_hotfix_trtllm.records import pr28144, pr31667
 
@@ -165,64 +165,57 @@ def test_every_assignment_of_the_records_equals_upstreams_changes(release, rever
 
 
 @pytest.mark.parametrize("release", RELEASES)
-def test_the_records_share_one_wrapper_and_one_gate(release):
+def test_the_records_compile_into_sglangs_own_function_and_no_global_is_replaced(release):
+    """Records as upstream's code: forward_decode stays SGLang's function object, its code is one
+    compile holding every record's edit, the module's ``flashinfer`` is never replaced, and
+    ``remove()`` puts back the very code objects."""
     module = fp8_cases.load_backend_module(release_selection.release_dir(release))
+    cls, own = module.TRTLLMHAAttnBackend, module.flashinfer
+    functions = {name: cls.__dict__[name] for name in ("forward_decode", "forward_extend")}
+    originals = {name: f.__code__ for name, f in functions.items()}
     records = [RECORDS[name] for name in _affected_records(release)]
     try:
         for hotfix in records:
-            patch.wrap(hotfix, module, detect.assess_module(hotfix, module))
-        wrapper = module.TRTLLMHAAttnBackend.__dict__["forward_decode"]
-        assert type(wrapper).__name__ == "HotfixWrapper" and type(wrapper.__wrapped__).__name__ == "function"
-        assert wrapper._self_joined.active == tuple(h.name for h in records)
+            assert patch.wrap(hotfix, module, detect.assess_module(hotfix, module)) == "wrapped"
+        assert {name: cls.__dict__[name] for name in functions} == functions
+        assert functions["forward_decode"].__code__ is not originals["forward_decode"]
         strided_xqa = next(
             c
             for c in _decode_cases(release).values()
             if c.xqa and c.layout == "strided" and c.kv == "fp8" and c.scales == "float"
         )
-        fp8_cases.kernel_calls(module, strided_xqa)  # pr31667 repairs it, and pr28144 where it is on
-        gate = module.flashinfer
-        if "pr28144" in [h.name for h in records]:  # the scales: at the kernel call, through the gate
-            assert type(gate).__name__ == "FlashInferGate" and type(gate.__wrapped__).__name__ != "FlashInferGate"
-        else:  # pr31667's packed query is given to SGLang's method: no gate
-            assert type(gate).__name__ == "SimpleNamespace"
+        fp8_cases.kernel_calls(module, strided_xqa)
+        assert module.flashinfer is own
     finally:
         assert patch.remove_all() == (2 if "pr28144" in [h.name for h in records] else 1)
-    assert type(module.TRTLLMHAAttnBackend.__dict__["forward_decode"]).__name__ == "function"
-    assert type(module.flashinfer).__name__ != "FlashInferGate"
+    assert all(functions[name].__code__ is originals[name] for name in functions)
+    assert module.flashinfer is own
 
 
 @pytest.mark.parametrize("release", RELEASES)
-def test_the_repairs_order_is_free_on_forward_decode(release, monkeypatch):
-    """The site applies repairs in catalog order (pr28144's scales, then pr31667's query). Reversed
-    once, the kernel gets the same arguments: on ``forward_decode`` the two repairs touch different
-    arguments, so the order is free there (it is decided once, not left to import order)."""
+def test_the_order_of_the_edits_on_forward_decode_is_free(release):
+    """The engine applies records in catalog order (pr28144's scales, then pr31667's query); applied
+    the other way round, the two edits compile to the very same code (they change different
+    statements), so the order is free there, and decided once, not left to import order."""
     on = tuple(_affected_records(release))
     if len(on) < 2:
         pytest.skip("one record on forward_decode here")
-    original_refresh = patch.Joined.refresh
-
-    def reversed_refresh(joined):
-        original_refresh(joined)
-        joined.active = tuple(reversed(joined.active))
-
-    monkeypatch.setattr(patch.Joined, "refresh", reversed_refresh)
-    module = fp8_cases.load_backend_module(release_selection.release_dir(release))
-    expected = _oracle_calls(release, on)
-    try:
-        for name in on:
-            patch.wrap(RECORDS[name], module, detect.assess_module(RECORDS[name], module))
-        assert module.TRTLLMHAAttnBackend.__dict__["forward_decode"]._self_joined.active == tuple(reversed(on))
-        wrong = [n for n, c in _decode_cases(release).items() if fp8_cases.kernel_calls(module, c) != expected[n]]
-    finally:
-        patch.remove_all()
-    assert wrong == []
+    codes = []
+    for order in (on, tuple(reversed(on))):
+        module = fp8_cases.load_backend_module(release_selection.release_dir(release))
+        try:
+            for name in order:
+                patch.wrap(RECORDS[name], module, detect.assess_module(RECORDS[name], module))
+            codes.append(module.TRTLLMHAAttnBackend.__dict__["forward_decode"].__code__)
+        finally:
+            patch.remove_all()
+    assert code_edit.code_difference(*codes) is None
 
 
 @pytest.mark.parametrize("release", RELEASES)
-def test_calls_the_record_needs_not_repair_leave_the_module_alone(release):
-    """pr31667 alone: a packed query, or a strided one off XQA, runs SGLang's method alone (the
-    release's arguments, which are 0.5.16's there); a strided query on XQA is packed before SGLang's
-    method runs. No call puts a gate in the module (the repair is made on the method's argument)."""
+def test_calls_that_need_no_repair_get_the_releases_arguments(release):
+    """pr31667 alone: a packed query, or a strided one off XQA, gets the release's arguments (which
+    are 0.5.16's there); a strided query on XQA is packed. The module's globals are never touched."""
     module = fp8_cases.load_backend_module(release_selection.release_dir(release))
     own = module.flashinfer
     unpatched = _oracle_calls(release, ())
@@ -231,27 +224,24 @@ def test_calls_the_record_needs_not_repair_leave_the_module_alone(release):
         for name, case in _decode_cases(release).items():
             if case.layout == "packed" or not case.xqa:
                 assert fp8_cases.kernel_calls(module, case) == unpatched[name], name
-                assert module.flashinfer is own, name
         strided = next(c for c in _decode_cases(release).values() if c.layout == "strided" and c.xqa)
         assert fp8_cases.kernel_calls(module, strided) != unpatched[strided.name]  # repaired
         assert module.flashinfer is own
     finally:
         patch.remove_all()
-    assert module.flashinfer is own
 
 
-def test_a_record_joining_the_sites_wrapper_checks_the_running_method_as_wrapping_does():
-    """A record that joins another's wrapper must refuse, as it would alone, a method that is not
-    the analysed one (here: compiled at another line than the file on disk says)."""
-    release = "0.5.12"
-    module = fp8_cases.load_backend_module(release_selection.release_dir(release))
+def test_a_method_that_is_not_the_installed_files_code_is_refused_naming_the_field():
+    """Proof before change: forward_decode's code moved three lines (as a file changed since import
+    would leave it) is not what a fresh compile of the file gives: the record stands aside and says
+    which field differs, and nothing is changed."""
+    module = fp8_cases.load_backend_module(release_selection.release_dir("0.5.12"))
+    function = module.TRTLLMHAAttnBackend.__dict__["forward_decode"]
+    moved = function.__code__.replace(co_firstlineno=function.__code__.co_firstlineno + 3)
+    function.__code__ = moved
     try:
-        patch.wrap(pr28144.HOTFIX, module, detect.assess_module(pr28144.HOTFIX, module))
-        assessment = detect.assess_module(HOTFIX, module)
-        moved = type(assessment)(
-            *[getattr(assessment, f) for f in assessment.__slots__[:-1]], assessment.method_first_line + 3
-        )
-        with pytest.raises(patch.NotWrappable, match="starts at line"):
-            patch.wrap(HOTFIX, module, moved)
+        with pytest.raises(patch.NotWrappable, match="co_firstlineno"):
+            patch.wrap(HOTFIX, module, detect.assess_module(HOTFIX, module))
+        assert function.__code__ is moved
     finally:
         patch.remove_all()

@@ -1,5 +1,6 @@
 """The records of SGLang 0.5.22's fixes that report a bug where they cannot repair it:
-xqa_draft_extend (EAGLE/MTP draft extend on XQA: reported wherever it runs) and encoder_only_mask
+xqa_draft_extend (EAGLE/MTP draft extend on XQA: repaired on 0.5.21, test_xqa_draft_extend; reported
+on 0.5.14 to 0.5.20) and encoder_only_mask
 (ENCODER_ONLY layers prefilled causal: repaired on 0.5.11 to 0.5.21, test_encoder_only_mask;
 reported on the other releases with the bug). docs/records.md says why.
 
@@ -36,7 +37,8 @@ FIRST_WITH_THE_BUG = {
 RECORDS = {record.NAME: record for record in FIRST_WITH_THE_BUG}
 
 
-REPAIRED = {encoder_only_mask: ("0.5.11", "0.5.22")}  # record -> [first, end) of the releases it repairs
+# record -> [first, end) of the releases it repairs
+REPAIRED = {encoder_only_mask: ("0.5.11", "0.5.22"), xqa_draft_extend: ("0.5.21", "0.5.22")}
 
 
 def expected_verdict(record, release):

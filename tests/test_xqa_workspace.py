@@ -12,6 +12,7 @@ values. On SM100 (no fmha_v2, no XQA) the record changes nothing.
 """
 
 import ast
+import gc
 import logging
 
 import pytest
@@ -149,31 +150,24 @@ def _module(release="0.5.19"):
     return module, workspace_cases.Process(module)
 
 
-def test_a_workspace_allocated_before_the_record_is_never_swapped(caplog):
-    """An instance built before the record was applied holds the process's workspace (a CUDA graph
-    may too): the record leaves it as it is, says so naming itself, and fmha_v2 keeps it whole."""
+def test_a_backend_built_before_the_record_makes_it_stand_aside_until_it_is_gone():
+    """A backend built before the record was in force has no fmha_v2 view, which upstream's
+    forward_extend reads: the record stands aside and says why (rather than let upstream's code meet
+    an object upstream's __init__ never made), the early backend runs the release's code, and once
+    no such backend lives the record goes in force."""
     module, process = _module()
     pool = workspace_cases.KVPool()
     early = module.TRTLLMHAAttnBackend(workspace_cases.model_runner(module, pool))
-    patch.wrap(HOTFIX, module, detect.assess_module(HOTFIX, module))
     try:
-        with caplog.at_level(logging.WARNING, logger="sglang_hotfix_trtllm"):
-            late = module.TRTLLMHAAttnBackend(workspace_cases.model_runner(module, pool, draft=True))
-        workspace_cases._forward(module, late, (100,), True, 0)
+        with pytest.raises(patch.NotWrappable, match="built before the record was in force are alive"):
+            patch.wrap(HOTFIX, module, detect.assess_module(HOTFIX, module))
+        workspace_cases._forward(module, early, (100,), True, 0)
+        assert process.calls[0][1][3] == 0  # the release's sharing: fmha_v2 got the whole workspace
+        del early
+        gc.collect()
+        assert patch.wrap(HOTFIX, module, detect.assess_module(HOTFIX, module)) == "wrapped"
     finally:
         patch.remove_all()
-    assert late.workspace_buffer is early.workspace_buffer
-    assert early.workspace_buffer.numel() == workspace_cases.WORKSPACE_BYTES
-    assert process.calls[0][1] == (
-        workspace_cases.WORKSPACE_BYTES,
-        "torch.uint8",
-        (1,),
-        0,
-        True,
-        workspace_cases.WORKSPACE_BYTES,
-    )
-    lines = [r.getMessage() for r in caplog.records if "xqa_workspace" in r.getMessage()]
-    assert lines and "allocated before the hotfix" in lines[0], [r.getMessage() for r in caplog.records]
 
 
 def test_remove_gives_fmha_v2_the_whole_workspace_again():
@@ -248,22 +242,6 @@ def test_forks_of_the_fix_that_still_share_the_semaphores_are_not_called_fixed(f
     assert text.count(old) == 1
     classification = xqa_workspace.classify(ast.parse(text.replace(old, new)))
     assert classification.verdict is Verdict.UNKNOWN, classification.reason
-
-
-def test_the_record_holds_its_workspaces_weakly():
-    module, process = _module()
-    patch.wrap(HOTFIX, module, detect.assess_module(HOTFIX, module))
-    try:
-        backend = module.TRTLLMHAAttnBackend(workspace_cases.model_runner(module, workspace_cases.KVPool()))
-    finally:
-        patch.remove_all()
-    assert len(xqa_workspace._allocated) >= 1
-    workspace = backend.workspace_buffer
-    del backend
-    process.buffers.clear()
-    key = id(workspace)
-    del workspace
-    assert key not in xqa_workspace._allocated
 
 
 def test_a_call_sglang_rejects_raises_its_error_and_says_nothing(caplog):

@@ -115,6 +115,45 @@ def release_dir(cache, release):
     return pathlib.Path(cache) / release
 
 
+def download_wheel(release, folder):
+    """The release's wheel (the cp311 manylinux one every release publishes), downloaded into ``folder``."""
+    _pip(
+        "download",
+        "--no-deps",
+        "--quiet",
+        "--only-binary=:all:",
+        "--python-version",
+        "3.11",
+        "--implementation",
+        "cp",
+        "--abi",
+        "cp311",
+        "--platform",
+        "manylinux_2_34_x86_64",
+        "-d",
+        str(folder),
+        "sglang==" + release,
+    )
+    (wheel,) = pathlib.Path(folder).glob("sglang-*.whl")
+    return wheel
+
+
+def keep_files(wheel, cache, release):
+    """From the release's ``wheel``, the files the hotfix reads, into the cache; then its marker."""
+    folder = release_dir(cache, release)
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        for member in kept_files():
+            if member in names:
+                target = folder / member
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with archive.open(member) as source, open(target, "wb") as out:
+                    shutil.copyfileobj(source, out)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / ".complete").write_text("\n".join([release] + kept_files()))
+    return folder
+
+
 def fetch(cache, release):
     """Download one release and keep the files the hotfix reads; cached."""
     folder = release_dir(cache, release)
@@ -123,35 +162,7 @@ def fetch(cache, release):
     if marker.exists() and marker.read_text().split("\n")[1:] == kept_files():
         return folder
     with tempfile.TemporaryDirectory() as download:
-        _pip(
-            "download",
-            "--no-deps",
-            "--quiet",
-            "--only-binary=:all:",
-            "--python-version",
-            "3.11",
-            "--implementation",
-            "cp",
-            "--abi",
-            "cp311",
-            "--platform",
-            "manylinux_2_34_x86_64",
-            "-d",
-            download,
-            "sglang==" + release,
-        )
-        (wheel,) = pathlib.Path(download).glob("sglang-*.whl")
-        with zipfile.ZipFile(wheel) as archive:
-            names = set(archive.namelist())
-            for member in kept_files():
-                if member in names:
-                    target = folder / member
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    with archive.open(member) as source, open(target, "wb") as out:
-                        shutil.copyfileobj(source, out)
-    folder.mkdir(parents=True, exist_ok=True)
-    marker.write_text("\n".join([release] + kept_files()))
-    return folder
+        return keep_files(download_wheel(release, download), cache, release)
 
 
 def classify(cache, release, hotfix):

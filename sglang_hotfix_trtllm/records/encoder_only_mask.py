@@ -56,16 +56,15 @@ import ast
 import os
 import re
 
-from .. import detect, source
+from .. import code_edit, detect, source
 from . import pr28144, pr31667
 from . import trtllm_kernel_routes as routes
-from . import trtllm_kernel_site as site
 from ..fingerprint import of_node
 from ..record import Hotfix, Verdict
 from ..release_table import ReleaseTable
 
 NAME = "encoder_only_mask"
-CLASS_NAME = site.CLASS_NAME
+CLASS_NAME = routes.CLASS_NAME
 METHOD = "forward_extend"
 UPSTREAM = "SGLang 0.5.22"
 CONTEXT_KERNEL = "trtllm_batch_context_with_kv_cache"
@@ -146,40 +145,47 @@ WHAT = (
 
 
 # --------------------------------------------------------------------------
-# The repair, at FlashInfer's kernel call site
+# The repair: upstream's change, as an edit of the release's own method
+
+# 0.5.22 imports the name its arguments compare with; 0.5.11 to 0.5.16 do not (0.5.17 on do).
+UPSTREAM_IMPORT = "from sglang.srt.layers.radix_attention import AttentionType"
 
 
-def _encoder_only(layer):
-    attn_type = getattr(layer, "attn_type", None)
-    return getattr(attn_type, "name", None) == "ENCODER_ONLY"
+def pass_the_layers_mask(method, tree):
+    """0.5.22's change of ``forward_extend`` (and of ``_trtllm_context_attn``, nested in it from
+    0.5.16): its one context-kernel call gets 0.5.22's ``causal=`` keyword, and its fmha_v2 call
+    (0.5.19 on) 0.5.22's ``mask_mode=`` in place of the release's."""
+    calls = kernel_calls(method)
+    context = [call for name, call in calls if name == CONTEXT_KERNEL]
+    fmha_v2 = [call for name, call in calls if name == FMHA_V2_KERNEL]
+    if len(context) != 1 or len(fmha_v2) > 1:
+        raise code_edit.EditMismatch(
+            "%d context-kernel and %d fmha_v2 calls in %s (upstream's change has 1 and at most 1)"
+            % (len(context), len(fmha_v2), method.name)
+        )
+    (call,) = context
+    if any(k.arg == "causal" for k in call.keywords):
+        raise code_edit.EditMismatch("the release already passes causal")
+    call.keywords.append(_keyword(CONTEXT_KERNEL, call))
+    for call in fmha_v2:
+        given = [i for i, k in enumerate(call.keywords) if k.arg == "mask_mode"]
+        if len(given) != 1:
+            raise code_edit.EditMismatch("fmha_v2's call passes mask_mode %d times" % len(given))
+        call.keywords[given[0]] = _keyword(FMHA_V2_KERNEL, call.keywords[given[0]])
 
 
-def needs_repair(backend, layer, q, wrapped):
-    """A ``forward_extend`` call of an ``ENCODER_ONLY`` layer (attribute reads only): the one call
-    whose prefill kernel upstream passes something the release does not (the record wraps
-    ``forward_extend`` alone: the site asks it of no other call)."""
-    return _encoder_only(layer)
+def _keyword(kernel, beside):
+    """0.5.22's keyword for ``kernel``, numbered from the line of ``beside`` (the call or the keyword
+    it replaces)."""
+    name, text = UPSTREAM_ARGUMENTS[kernel]
+    value = ast.parse(text, mode="eval").body
+    ast.increment_lineno(value, beside.end_lineno - 1)
+    keyword = ast.keyword(arg=name, value=value)
+    return ast.copy_location(keyword, value)
 
 
-def upstream_arguments(call, kwargs):
-    """0.5.22's arguments for the noted (encoder-only) call: ``causal=layer.attn_type !=
-    AttentionType.ENCODER_ONLY``, False, on the context kernel; ``mask_mode=("padding" if
-    layer.attn_type == AttentionType.ENCODER_ONLY else "causal")``, "padding", on fmha_v2 (0.5.19 on,
-    SM90/SM120); the decode kernel's arguments are the release's."""
-    if not _encoder_only(call.layer):
-        return kwargs
-    if call.kernel == CONTEXT_KERNEL:
-        return dict(kwargs, causal=False)
-    if call.kernel == FMHA_V2_KERNEL:
-        return dict(kwargs, mask_mode="padding")
-    return kwargs
-
-
-site.register(NAME, needs_repair, upstream_arguments)
-# SGLang 0.5.19 to 0.5.21 pass fmha_v2 ``(q, paged_kv)`` first, the rest by keyword.
-site.register_noted_kernel("prefill", FMHA_V2_KERNEL, positional=1)
-for _name in KERNEL_CALLERS:  # their decode-kernel calls: SGLang's arguments, as 0.5.22's
-    site.register_delegate(_name)
+EDITS = (code_edit.Edit(METHOD, pass_the_layers_mask),)
+NEW_NAMES = (code_edit.NewName("AttentionType", UPSTREAM_IMPORT, UPSTREAM, scope="module"),)
 
 
 # --------------------------------------------------------------------------
@@ -294,8 +300,8 @@ def classify(tree):
         return verdict(
             Verdict.AFFECTED,
             "forward_extend prefills ENCODER_ONLY (bidirectional) layers with a causal mask (the context kernel's "
-            "default; fmha_v2's mask_mode where the release calls it). Repaired: kernel calls through the module's "
-            "flashinfer",
+            "default; fmha_v2's mask_mode where the release calls it). Repaired: forward_extend runs 0.5.22's "
+            "arguments, compiled into SGLang's function",
         )
     if fingerprint in UNREPAIRABLE:
         return verdict(Verdict.UNREPAIRABLE, WHAT % UNREPAIRABLE[fingerprint])
@@ -308,11 +314,10 @@ HOTFIX = Hotfix(
     summary="TRT-LLM MHA prefills ENCODER_ONLY (bidirectional) layers without a causal mask",
     effect="FlashInfer's TRT-LLM context kernel receives causal=False for ENCODER_ONLY layers",
     distribution="sglang",
-    target="%s.%s.%s" % (site.MODULE, CLASS_NAME, METHOD),
-    gates=((site.GATED_GLOBAL, site.make_gate),),  # armed by the first call that needs a repair
-    site=site.SITE,
+    target="%s.%s.%s" % (routes.MODULE, CLASS_NAME, METHOD),
     classify=classify,
-    wrapper=site.note_the_call,
+    edits=EDITS,
+    new_names=NEW_NAMES,
     environment=environment_problem,
     known_fingerprints=ReleaseTable(os.path.join(os.path.dirname(os.path.abspath(__file__)), NAME + "_releases.json")),
 )

@@ -24,15 +24,13 @@ Upstream's fix, in 0.5.9, after the two views in both methods::
 where ``canonicalize_stride`` (``sglang.srt.layers.attention.utils``, absent before 0.5.9) returns
 the tensor itself unless some size-1 dimension has the stride of the dimension after it, and
 otherwise the same storage viewed with the strides of a contiguous tensor of its sizes
-(``as_strided``). The affected releases do not ship it: ``canonical_strides`` below computes what
-0.5.9's definition computes (a test holds the two equal, the real function fetched from 0.5.9's
-wheel, over tensors of every shape the backend makes and more).
+(``as_strided``).
 
-The repair, through FlashInfer's kernel call site (``trtllm_kernel_site``, shared with pr28144,
-whose bug the same releases have): the kernel's ``kv_cache`` gets, for a side with one head on
-the rank, that view through ``canonical_strides``; a side with more heads, and every other
-argument, is SGLang's own object. A call of a layer with more than one KV head on both sides
-runs SGLang's method alone.
+The repair is upstream's code (``code_edit``): each method, compiled from the installed file with
+0.5.9's two statements inserted right before its ``kv_cache = (k_cache, v_cache)``, runs as
+SGLang's function; the affected releases do not ship ``canonicalize_stride``, so 0.5.9's own
+definition (``UPSTREAM_CANONICALIZE_STRIDE``; a test holds it equal to the one in 0.5.9's wheel)
+becomes a global of the backend module first.
 
 Verdicts, from the live ``forward_decode`` and ``forward_extend`` together: ``affected`` when they
 are, by fingerprint, the code of 0.5.1 to 0.5.8.post1 (and the module binds ``flashinfer`` once,
@@ -44,14 +42,14 @@ upstream's two statements and the module imports ``canonicalize_stride``; ``unkn
 import ast
 import os
 
+from .. import code_edit
 from . import pr28144
 from . import trtllm_kernel_routes as routes
-from . import trtllm_kernel_site as site
 from ..fingerprint import of_node
 from ..record import Classification, Hotfix, Verdict
 from ..release_table import ReleaseTable
 
-CLASS_NAME = site.CLASS_NAME
+CLASS_NAME = routes.CLASS_NAME
 METHODS = ("forward_decode", "forward_extend")
 RESHAPE_HELPER = "_reshape_paged_kv_cache"  # 0.5.16 on: the views and upstream's statements, in one helper
 UPSTREAM = "SGLang 0.5.9 (PR #17732)"
@@ -63,50 +61,61 @@ UPSTREAM_STATEMENTS = {
 
 
 # --------------------------------------------------------------------------
-# The repair
+# The repair: upstream's change, as an edit of the release's own methods
 
+KV_PAIR = "kv_cache = (k_cache, v_cache)"
+# SGLang 0.5.9's canonicalize_stride, verbatim (sglang/srt/layers/attention/utils.py), which the
+# affected releases do not ship.
+UPSTREAM_CANONICALIZE_STRIDE = '''\
+def canonicalize_stride(tensor: torch.Tensor) -> torch.Tensor:
+    """
+    Adjust degenerate strides for a tensor, make it canonical.
+    """
+    sizes = tensor.size()
+    strides = tensor.stride()
+    ndim = tensor.dim()
 
-def needs_repair(backend, layer, q, wrapped):
-    """True where a side of the layer's KV cache has one head on the rank (upstream canonicalizes
-    that view; a view that needs no change is passed on as it is)."""
-    return getattr(layer, "tp_k_head_num", None) == 1 or getattr(layer, "tp_v_head_num", None) == 1
+    need_fix = any(
+        sizes[i] == 1 and strides[i] == strides[i + 1] for i in range(ndim - 1)
+    )
 
-
-def canonical_strides(tensor):
-    """What 0.5.9's ``canonicalize_stride`` returns for ``tensor``: ``tensor`` itself unless a
-    dimension of size 1 has the stride of the dimension after it; then ``tensor.as_strided`` with
-    its sizes and the strides a contiguous tensor of those sizes has (the storage offset kept, as
-    ``as_strided`` keeps it)."""
-    sizes, strides = tuple(tensor.size()), tuple(tensor.stride())
-    degenerate = any(sizes[i] == 1 and strides[i] == strides[i + 1] for i in range(len(sizes) - 1))
-    if not degenerate:
+    if not need_fix:
         return tensor
-    contiguous, step = [], 1
-    for size in reversed(sizes):
-        contiguous.append(step)
-        step *= size
-    return tensor.as_strided(sizes, tuple(reversed(contiguous)))
+
+    # canonicalize the stride
+    # Example:
+    # - shape: [num_pages, 1, 64, 128]
+    # - stride: [8192, 128, 128, 1] (wrong!)
+    # Gives new stride: [8192, 8192, 128 ,1] (correct!)
+    new_strides = [0] * ndim
+    new_strides[-1] = 1
+    for i in range(ndim - 2, -1, -1):
+        new_strides[i] = new_strides[i + 1] * sizes[i + 1]
+
+    return tensor.as_strided(sizes, new_strides)
+'''
 
 
-def upstream_kv_cache(call, kwargs):
-    """The kernel's keyword arguments with 0.5.9's ``kv_cache``: each one-head side's view with
-    canonical strides. The call's own arguments, untouched, where that changes nothing."""
-    kv_cache, layer = kwargs["kv_cache"], call.layer
-    if type(kv_cache) is not tuple or len(kv_cache) != 2:
-        raise ValueError("the kernel's kv_cache is not the (k_cache, v_cache) pair the method builds")
-    repaired = []
-    for view, heads in zip(kv_cache, (layer.tp_k_head_num, layer.tp_v_head_num)):
-        if view.dim() != 4 or view.shape[1] != heads:  # not the permuted view the method built
-            raise ValueError(
-                "the kernel's cache view is %s, not [pages, %d, page_size, head_dim]" % (tuple(view.shape), heads)
-            )
-        repaired.append(canonical_strides(view) if heads == 1 else view)
-    if repaired[0] is kv_cache[0] and repaired[1] is kv_cache[1]:
-        return kwargs
-    return dict(kwargs, kv_cache=tuple(repaired))
+def canonicalize_one_head_views(method, tree):
+    """PR #17732 on one of the release's two methods: 0.5.9's two statements right before its one
+    ``kv_cache = (k_cache, v_cache)``, where 0.5.9 has them."""
+    places = [
+        (body, index)
+        for body in code_edit.statement_lists(method)
+        for index, statement in enumerate(body)
+        if ast.unparse(statement) == KV_PAIR
+    ]
+    if len(places) != 1:
+        raise code_edit.EditMismatch(
+            "%d statements `%s` in %s (upstream's change has one)" % (len(places), KV_PAIR, method.name)
+        )
+    body, index = places[0]
+    line = body[index].lineno
+    body[index:index] = [code_edit.statement_at(UPSTREAM_STATEMENTS[side], line) for side in "kv"]
 
 
-site.register("pr17732", needs_repair, upstream_kv_cache)
+EDITS = tuple(code_edit.Edit(name, canonicalize_one_head_views) for name in METHODS)
+NEW_NAMES = (code_edit.NewName(UPSTREAM_FUNCTION, UPSTREAM_CANONICALIZE_STRIDE, UPSTREAM, scope="module"),)
 
 
 # --------------------------------------------------------------------------
@@ -135,7 +144,7 @@ def _holds_upstreams_statements(function):
         i
         for i, statement in enumerate(function.body)
         if any(
-            isinstance(node, ast.Return) or (isinstance(node, ast.Attribute) and node.attr in site.KERNELS.values())
+            isinstance(node, ast.Return) or (isinstance(node, ast.Attribute) and node.attr in routes.KERNELS.values())
             for node in ast.walk(statement)
         )
     ]
@@ -223,11 +232,10 @@ HOTFIX = Hotfix(
     "rank holds one KV head (the server no longer dies in buildNdTmaDescriptor)",
     effect="FlashInfer's TRT-LLM kernels receive one-head K/V cache views with canonical strides",
     distribution="sglang",
-    target="%s.%s.%s" % (site.MODULE, CLASS_NAME, METHODS[0]),
+    target="%s.%s.%s" % (routes.MODULE, CLASS_NAME, METHODS[0]),
     also=METHODS[1:],
-    gates=((site.GATED_GLOBAL, site.make_gate),),  # armed by the first call that needs a repair
-    site=site.SITE,
     classify=classify,
-    wrapper=site.note_the_call,
+    edits=EDITS,
+    new_names=NEW_NAMES,
     known_fingerprints=ReleaseTable(os.path.join(os.path.dirname(os.path.abspath(__file__)), "pr17732_releases.json")),
 )

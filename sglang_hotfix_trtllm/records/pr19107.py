@@ -1,7 +1,7 @@
 """The hotfix record for SGLang PR #19107 ("Fix trtllm_mha fp8 SWA KV index translation"): the fused
 FP8 KV write of a sliding-window layer writes at the sliding-window pool's indices.
 
-Standard library only at import (wrapt is imported when the record wraps, as for every record).
+Standard library only at import.
 
 The bug (SGLang 0.5.9 only): 0.5.9 gave ``trtllm_mha`` sliding-window KV pools (PR #18970): reads
 translate full-pool indices into the SWA pool's (``_maybe_translate_swa``), and the plain KV write
@@ -19,13 +19,12 @@ with the new method ``_get_layer_cache_loc``: if ``self.use_sliding_window_kv_po
 layer is a sliding-window one in ``self._swa_kv_pool.layers_mapping``, the locations through
 ``self._swa_kv_pool.translate_loc_from_full_to_swa``; else the locations as they are.
 
-The repair: ``_fused_fp8_set_kv_buffer`` wrapped. A call of a full-attention layer, or of a backend
-without a sliding-window pool, runs SGLang's method alone. For a sliding-window layer the method
-runs with the forward batch seen through a proxy whose ``out_cache_loc`` is 0.5.10's translated
-locations (computed by the same pool calls 0.5.10 makes); everything else it reads is the batch's
-own (the method reads ``out_cache_loc`` and ``token_to_kv_pool``, once each: its fingerprint pins
-that), so the fused kernel gets exactly 0.5.10's arguments. ``_swa_kv_pool`` is read at each call:
-with record ``pr25103`` on, it is the pool that record resolves, as in 0.5.13.
+The repair is upstream's code (``code_edit``): 0.5.9's own ``_fused_fp8_set_kv_buffer``, compiled
+from the installed file with its one ``cache_loc = forward_batch.out_cache_loc`` replaced by 0.5.10's
+statement above, runs as SGLang's function; 0.5.10's ``_get_layer_cache_loc`` is added to the
+class first. No frame of the hotfix's runs on a call, and where 0.5.10's code would raise (a pool
+without ``layers_mapping``), it raises. ``_swa_kv_pool`` is read at each call: with record
+``pr25103`` on, it is the pool that record resolves, as in 0.5.13.
 
 Verdicts: ``affected`` when ``_fused_fp8_set_kv_buffer``, ``__init__`` and the two methods that call
 the fused write are, by fingerprint, 0.5.9's; ``fixed`` when the live fused write
@@ -38,7 +37,7 @@ reads are not translated either, a state #19107 does not address); ``unknown`` o
 import ast
 import os
 
-from .. import detect, logs
+from .. import code_edit, detect
 from . import pr28144
 from ..fingerprint import of_node
 from ..record import Classification, Hotfix, Verdict
@@ -54,63 +53,33 @@ POOL_ATTRIBUTES = ("use_sliding_window_kv_pool", "_swa_kv_pool")
 
 
 # --------------------------------------------------------------------------
-# The repair
+# The repair: upstream's change, as an edit of the release's own method
+
+RELEASE_STATEMENT = "cache_loc = forward_batch.out_cache_loc"
+UPSTREAM_STATEMENT = "cache_loc = self._get_layer_cache_loc(layer, forward_batch.out_cache_loc)"
+# SGLang 0.5.10's new method, verbatim (trtllm_mha_backend.py; unchanged in 0.5.10.post1).
+UPSTREAM_TRANSLATOR = '''\
+def _get_layer_cache_loc(
+    self,
+    layer: RadixAttention,
+    cache_loc: torch.Tensor,
+) -> torch.Tensor:
+    """Return cache locations in the correct index space for the given layer."""
+    if self.use_sliding_window_kv_pool:
+        _, is_swa = self._swa_kv_pool.layers_mapping[layer.layer_id]
+        if is_swa:
+            return self._swa_kv_pool.translate_loc_from_full_to_swa(cache_loc)
+    return cache_loc
+'''
 
 
-def _arguments(self, q, k, v, layer, forward_batch, **kwargs):
-    """Binds a call exactly as 0.5.9's parameter list does (the record pins it by fingerprint)."""
-    return self, q, k, v, layer, forward_batch, kwargs
+def take_upstreams_locations(method, tree):
+    """PR #19107 on 0.5.9's ``_fused_fp8_set_kv_buffer``: its one ``cache_loc = ...`` becomes 0.5.10's."""
+    code_edit.replace_statement(method, RELEASE_STATEMENT, UPSTREAM_STATEMENT)
 
 
-def upstream_locations(backend, layer, locations):
-    """0.5.10's ``_get_layer_cache_loc(layer, locations)``, or None where it returns them as they are."""
-    if not backend.use_sliding_window_kv_pool:
-        return None
-    _, is_swa = backend._swa_kv_pool.layers_mapping[layer.layer_id]
-    if not is_swa:
-        return None
-    return backend._swa_kv_pool.translate_loc_from_full_to_swa(locations)
-
-
-_proxy_class = []  # made at the first repair (it subclasses wrapt's ObjectProxy)
-
-
-def _translated_batch(forward_batch, locations):
-    if not _proxy_class:
-        import wrapt
-
-        class ForwardBatchWithSWALocations(wrapt.ObjectProxy):
-            """The forward batch as 0.5.10's fused write sees it: its own, but for the write locations."""
-
-            @property
-            def out_cache_loc(self):
-                return self._self_locations
-
-        _proxy_class.append(ForwardBatchWithSWALocations)
-    proxy = _proxy_class[0](forward_batch)
-    proxy._self_locations = locations
-    return proxy
-
-
-def translate_write_locations(module, wrapped, instance, args, kwargs):
-    """wrapt wrapper of ``_fused_fp8_set_kv_buffer``. A call SGLang's method rejects raises its own
-    error (binding here fails quietly); a translation that cannot be computed leaves the call as
-    the release makes it, with one warning."""
-    try:
-        backend, q, k, v, layer, forward_batch, extra = (
-            _arguments(*args, **kwargs) if instance is None else _arguments(instance, *args, **kwargs)
-        )
-    except TypeError:
-        return wrapped(*args, **kwargs)  # SGLang's method raises its own error
-    try:
-        locations = upstream_locations(backend, layer, forward_batch.out_cache_loc)
-    except Exception as error:  # a pool without 0.5.10's calls, a layer it does not map
-        logs.repair_skipped(HOTFIX.target, HOTFIX.name, error)
-        return wrapped(*args, **kwargs)
-    if locations is None:
-        return wrapped(*args, **kwargs)
-    arguments = dict(extra, q=q, k=k, v=v, layer=layer, forward_batch=_translated_batch(forward_batch, locations))
-    return wrapped(**arguments) if instance is not None else wrapped(backend, **arguments)
+EDITS = (code_edit.Edit(METHOD, take_upstreams_locations),)
+NEW_NAMES = (code_edit.NewName(TRANSLATOR, UPSTREAM_TRANSLATOR, UPSTREAM),)
 
 
 # --------------------------------------------------------------------------
@@ -225,6 +194,7 @@ HOTFIX = Hotfix(
     distribution="sglang",
     target="sglang.srt.layers.attention.trtllm_mha_backend.%s.%s" % (CLASS_NAME, METHOD),
     classify=classify,
-    wrapper=translate_write_locations,
+    edits=EDITS,
+    new_names=NEW_NAMES,
     known_fingerprints=ReleaseTable(os.path.join(os.path.dirname(os.path.abspath(__file__)), "pr19107_releases.json")),
 )

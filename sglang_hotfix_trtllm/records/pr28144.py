@@ -34,16 +34,14 @@ in 0.5.10.x, ``.reshape`` from 0.5.11): upstream's operations on upstream's star
 dtype, shape, strides and storage offset are upstream's (FlashInfer's XQA reads only
 ``q.data_ptr()``: a layout is part of the value). Every other argument is SGLang's own object.
 
-How, without replacing SGLang's method body: through FlashInfer's kernel call site
-(``trtllm_kernel_site``, shared with pr31667), which owns the wrapper and the gate. This record
-gives the site its test, ``needs_repair`` (could upstream's arguments differ from the release's for
-this call? a K scale other than None and 1.0, or an FP8 cache with scales, or FP8 extend on XQA),
-and its repair, ``upstream_arguments``. A call no record needs to repair runs SGLang's method and
-nothing else; one that needs it is noted, and the kernel call made inside it gets upstream's
-arguments; what the kernel then raises propagates, as upstream's call would.
-
-Releases up to 0.5.9 never set ``is_xqa_impl`` (SGLang's XQA path arrived in 0.5.10): there its
-absence reads as "not XQA", as those releases' own FP8 cast does.
+How: upstream's code (``code_edit``). Each method, compiled from the installed file with the bug's
+four scale statements replaced by 0.5.15's ``q_scale = 1.0`` and ``_get_bmm_scales`` call, and its
+FP8 cast of Q by 0.5.15's, runs as SGLang's function; 0.5.15's ``_get_scalar_scale`` and
+``_get_bmm_scales`` are added to the class first. Two adaptations of upstream's text, each needed
+by the release, not by taste: releases up to 0.5.9 never set ``is_xqa_impl`` (SGLang's XQA path
+arrived in 0.5.10), so there the cast reads ``getattr(self, "is_xqa_impl", False)``, "not XQA", as
+those releases' own cast does; and 0.5.15's ``logger.warning_once`` (no affected release's module
+has it) becomes one warning per message on the module's logger.
 
 ``classify`` accepts a source as ``affected`` only when the live ``forward_decode`` and
 ``forward_extend`` are, as a pair, exactly the code of an affected release, the module binds
@@ -53,137 +51,169 @@ take their scales from a ``_get_bmm_scales`` of a known fingerprint (0.5.14 on).
 """
 
 import ast
-import logging
 import os
 
-from .. import detect, logs
+from .. import code_edit, detect
 from . import trtllm_kernel_routes as routes
-from . import trtllm_kernel_site as site
 from ..fingerprint import of_node
 from ..record import Classification, Hotfix, Verdict
 from ..release_table import ReleaseTable
 
-CLASS_NAME = site.CLASS_NAME
+CLASS_NAME = routes.CLASS_NAME
 METHODS = ("forward_decode", "forward_extend")
-GATED_GLOBAL = site.GATED_GLOBAL
 UPSTREAM = "SGLang 0.5.15 (PR #28144 as revised by PR #29423)"
 
 
 # --------------------------------------------------------------------------
-# Does this call need a repair? (asked on every call: attribute reads only)
+# The repair: upstream's change, as an edit of the release's own methods
 
-_fp8 = None  # torch.float8_e4m3fn, looked up at the first call (torch is imported by then)
-
-
-def _fp8_dtype():
-    global _fp8
-    import torch
-
-    _fp8 = torch.float8_e4m3fn
-    return _fp8
-
-
-def needs_repair(backend, layer, q, wrapped):
-    """False only where upstream's arguments are provably the release's. A KV cache that is not
-    FP8: the layer's ``k_scale_float`` None or 1.0 (the release's ``1.0 * 1.0 * layer.scaling``
-    and ``bmm2_scale = 1.0`` are then 0.5.15's ``layer.scaling`` and 1). An FP8 cache: the scales
-    0.5.15 reads (``k_scale_float``, else ``k_scale``; ``v_scale_float``, else ``v_scale``) absent
-    or 1.0, and not ``forward_extend`` on XQA (where target verify keeps BF16 Q): the common FP8
-    cache without checkpoint scales. May say True where nothing differs, never the reverse."""
-    k_scale = getattr(layer, "k_scale_float", None)
-    unit_k = k_scale is None or (k_scale.__class__ is float and k_scale == 1.0)
-    if getattr(backend, "data_type", None) is not (_fp8 or _fp8_dtype()):
-        return not unit_k
-    if not unit_k or (k_scale is None and getattr(layer, "k_scale", None) is not None):
-        return True
-    v_scale = getattr(layer, "v_scale_float", None)
-    if v_scale is None:
-        if getattr(layer, "v_scale", None) is not None:
-            return True
-    elif not (v_scale.__class__ is float and v_scale == 1.0):
-        return True
-    return wrapped.__name__ == "forward_extend" and bool(getattr(backend, "is_xqa_impl", False))
-
-
-# --------------------------------------------------------------------------
-# The repair: 0.5.15's helpers, as functions of the noted call
-
-
-def scalar_scale(layer, float_attr, scale_attr):
-    """0.5.15's ``_get_scalar_scale``: the layer's scale as a positive Python float, else 1.0."""
+# The bug's four statements, in this order, the first and last assigning 1.0.
+SCALE_BLOCK = ("q_scale", "k_scale", "bmm1_scale", "bmm2_scale")
+# 0.5.15's two statements in their place (each method has them once).
+UPSTREAM_SCALES = ("q_scale = 1.0", "bmm1_scale, bmm2_scale = self._get_bmm_scales(layer, q_scale)")
+# 0.5.15's FP8 cast of Q, per method, in place of the release's (0.5.1 to 0.5.4.post1 cast none).
+UPSTREAM_CASTS = {
+    "forward_decode": "if self.data_type == torch.float8_e4m3fn and not self.is_xqa_impl:\n"
+    "    q = q.to(torch.float8_e4m3fn)",
+    "forward_extend": "if self.data_type == torch.float8_e4m3fn and (\n"
+    "    not self.is_xqa_impl or not forward_batch.forward_mode.is_target_verify()\n"
+    "):\n"
+    "    q = q.to(torch.float8_e4m3fn)",
+}
+# The name through which the adapted _get_scalar_scale warns (see UPSTREAM_SCALAR_SCALE).
+WARNING_ONCE = "_sglang_hotfix_trtllm_warning_once"
+# SGLang 0.5.15's _get_scalar_scale, with one adaptation: 0.5.15 warns through
+# ``logger.warning_once``, which no affected release's module has (0.5.1 to 0.5.8.post1 have no
+# ``logger`` at all); here the same message goes, once, to the module's own logger.
+UPSTREAM_SCALAR_SCALE = """\
+@staticmethod
+def _get_scalar_scale(
+    layer: RadixAttention,
+    float_attr: str,
+    scale_attr: str,
+) -> float:
     scale = getattr(layer, float_attr, None)
     if scale is None:
         scale = getattr(layer, scale_attr, None)
     if scale is None:
         return 1.0
-    if scale.__class__ is not float:  # a checkpoint's float scale (SGLang's loader) needs no import
-        import torch
-
-        if isinstance(scale, torch.Tensor):
-            logs.say(
-                logging.WARNING,
-                "%s: ignoring tensor %s for the TRT-LLM MHA FP8 KV cache scale, as SGLang 0.5.15 does: "
-                "expected %s to be populated with a Python scalar",
-                HOTFIX.name,
-                scale_attr,
-                float_attr,
-                once_key=("pr28144-tensor-scale", scale_attr),
-            )
-            return 1.0
-        scale = float(scale)
+    if isinstance(scale, torch.Tensor):
+        _sglang_hotfix_trtllm_warning_once(
+            "Ignoring tensor %s for TRT-LLM MHA FP8 KV cache scale. "
+            "Expected %s to be populated with a Python scalar.",
+            scale_attr,
+            float_attr,
+        )
+        return 1.0
+    scale = float(scale)
     return scale if scale > 0.0 else 1.0
+"""
+# The adaptation's warning: once per message and arguments, to the logger named as the module.
+WARNING_ONCE_DEFINITION = """\
+def _sglang_hotfix_trtllm_warning_once(msg, *args, _said=set()):
+    if (msg, args) not in _said:
+        _said.add((msg, args))
+        __import__("logging").getLogger(__name__).warning(msg, *args)
+"""
+# SGLang 0.5.15's _get_bmm_scales, verbatim (unchanged to 0.5.23).
+UPSTREAM_BMM_SCALES = '''\
+def _get_bmm_scales(
+    self, layer: RadixAttention, q_scale: float | torch.Tensor = 1.0
+) -> tuple[float | torch.Tensor, float]:
+    """Return FlashInfer TRT-LLM MHA BMM scales.
 
-
-def bmm_scales(backend, layer, q_scale=1.0):
-    """0.5.15's ``_get_bmm_scales(layer, q_scale)`` with its ``q_scale = 1.0``: (bmm1, bmm2)."""
-    if backend.data_type != (_fp8 or _fp8_dtype()):
+    The FP8 paths store Q/K/V as values divided by their per-tensor scales.
+    FlashInfer applies bmm1_scale to QK and bmm2_scale to PV, so FP8 reads
+    need Q and K descales in BMM1 and V descale in BMM2. Non-FP8 KV cache
+    entries are already in model dtype.
+    """
+    if self.data_type != torch.float8_e4m3fn:
         return layer.scaling, 1.0
-    k_scale = scalar_scale(layer, "k_scale_float", "k_scale")
-    v_scale = scalar_scale(layer, "v_scale_float", "v_scale")
+
+    k_scale = self._get_scalar_scale(layer, "k_scale_float", "k_scale")
+    v_scale = self._get_scalar_scale(layer, "v_scale_float", "v_scale")
     return q_scale * k_scale * layer.scaling, v_scale
+'''
 
 
-def keeps_bf16_query(call):
-    """0.5.15 casts Q to FP8 in ``forward_extend`` only ``if not self.is_xqa_impl or not
-    forward_batch.forward_mode.is_target_verify()``; 0.5.10 to 0.5.13.post1 always do. True
-    where upstream passes the kernel the un-cast query and the release a cast one.
-    (The PRs change no other cast: ``forward_decode``'s is the release's own, also in 0.5.1 to
-    0.5.4.post1, which cast no Q at all; ``is_xqa_impl`` absent reads as False.)"""
+def _assigned_name(statement):
+    if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+        target = statement.targets[0]
+        return target.id if isinstance(target, ast.Name) else None
+    return None
+
+
+def _is_scale_block(statements, index):
+    block = statements[index : index + len(SCALE_BLOCK)]
+    if tuple(_assigned_name(s) for s in block) != SCALE_BLOCK:
+        return False
+    return all(isinstance(block[j].value, ast.Constant) and block[j].value.value == 1.0 for j in (0, 3))
+
+
+def _is_self_attribute(node, attr):
     return (
-        call.method == "forward_extend"
-        and call.backend.data_type == (_fp8 or _fp8_dtype())
-        and bool(getattr(call.backend, "is_xqa_impl", False))
-        and bool(call.forward_batch.forward_mode.is_target_verify())
+        isinstance(node, ast.Attribute)
+        and node.attr == attr
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
     )
 
 
-def shaped_as_the_release_does(function, q, layer):
-    """``q`` shaped by the release's own statement: ``q.reshape(-1, H, D)`` in 0.5.11 on (PR
-    #22517), ``q.contiguous().view(-1, H, D)`` before. Which one: the live method's names
-    (``classify`` pinned it to a known release's code, and only those two shapes exist there)."""
-    if "reshape" in function.__code__.co_names:
-        return q.reshape(-1, layer.tp_q_head_num, layer.head_dim)
-    return q.contiguous().view(-1, layer.tp_q_head_num, layer.head_dim)
+def _is_fp8_cast(statement):
+    """``if self.data_type == torch.float8_e4m3fn [and ...]: q = q.to(torch.float8_e4m3fn)``."""
+    if not (isinstance(statement, ast.If) and not statement.orelse and len(statement.body) == 1):
+        return False
+    (inner,) = statement.body
+    return any(_is_self_attribute(n, "data_type") for n in ast.walk(statement.test)) and (
+        _assigned_name(inner) == "q" and ast.unparse(inner.value) == "q.to(torch.float8_e4m3fn)"
+    )
 
 
-def upstream_arguments(call, kwargs):
-    """The kernel's keyword arguments as upstream's change applied to the release passes them for
-    the noted call: SGLang's own objects, with the two scales (and, on XQA target verify, the
-    query) upstream gives."""
-    bmm1_scale, bmm2_scale = bmm_scales(call.backend, call.layer)
-    repaired = dict(kwargs, bmm1_scale=bmm1_scale, bmm2_scale=bmm2_scale)
-    if keeps_bf16_query(call):
-        query = shaped_as_the_release_does(call.function, call.q, call.layer)
-        if query.shape != kwargs["query"].shape:  # not the query this call prepared
-            raise ValueError(
-                "the kernel's query is %s, upstream's %s" % (tuple(kwargs["query"].shape), tuple(query.shape))
+class _XqaAttributeOptional(ast.NodeTransformer):
+    """The adaptation for 0.5.1 to 0.5.9, whose backend never sets ``is_xqa_impl`` (XQA arrived in
+    0.5.10): ``self.is_xqa_impl`` reads ``getattr(self, "is_xqa_impl", False)``, "not XQA", as those
+    releases' own cast treats every kernel."""
+
+    def visit_Attribute(self, node):
+        if _is_self_attribute(node, "is_xqa_impl") and isinstance(node.ctx, ast.Load):
+            call = ast.Call(
+                func=ast.Name(id="getattr", ctx=ast.Load()),
+                args=[node.value, ast.Constant("is_xqa_impl"), ast.Constant(False)],
+                keywords=[],
             )
-        repaired["query"] = query
-    return repaired
+            return ast.copy_location(call, node)
+        return self.generic_visit(node)
 
 
-site.register("pr28144", needs_repair, lambda call, kwargs: upstream_arguments(call, kwargs))
-make_gate = site.make_gate
+def _sets_xqa_impl(tree):
+    return any(_is_self_attribute(node, "is_xqa_impl") and isinstance(node.ctx, ast.Store) for node in ast.walk(tree))
+
+
+def take_upstreams_scales(method, tree):
+    """PR #28144 as #29423 revised it (0.5.15) on one of the release's two methods: the bug's four
+    scale statements become 0.5.15's ``q_scale = 1.0`` and ``_get_bmm_scales`` call, and the
+    release's FP8 cast of Q becomes 0.5.15's (the two PRs add none where the release has none)."""
+    blocks = [(b, i) for b in code_edit.statement_lists(method) for i in range(len(b)) if _is_scale_block(b, i)]
+    casts = [(b, i) for b in code_edit.statement_lists(method) for i, s in enumerate(b) if _is_fp8_cast(s)]
+    if len(blocks) != 1 or len(casts) > 1:
+        raise code_edit.EditMismatch(
+            "%s has %d scale blocks and %d FP8 casts of Q (upstream's change has 1 and at most 1)"
+            % (method.name, len(blocks), len(casts))
+        )
+    for body, index in casts:
+        cast = code_edit.statement_at(UPSTREAM_CASTS[method.name], body[index].lineno)
+        body[index] = cast if _sets_xqa_impl(tree) else _XqaAttributeOptional().visit(cast)
+    body, index = blocks[0]
+    line = body[index].lineno
+    body[index : index + len(SCALE_BLOCK)] = [code_edit.statement_at(text, line) for text in UPSTREAM_SCALES]
+
+
+EDITS = tuple(code_edit.Edit(name, take_upstreams_scales) for name in METHODS)
+NEW_NAMES = (
+    code_edit.NewName(WARNING_ONCE, WARNING_ONCE_DEFINITION, "sglang-hotfix-trtllm (logger.warning_once)", "module"),
+    code_edit.NewName("_get_scalar_scale", UPSTREAM_SCALAR_SCALE, UPSTREAM + ", adapted"),
+    code_edit.NewName("_get_bmm_scales", UPSTREAM_BMM_SCALES, UPSTREAM),
+)
 
 
 # --------------------------------------------------------------------------
@@ -272,8 +302,7 @@ def classify(tree):
     return verdict(
         Verdict.AFFECTED,
         "forward_decode and forward_extend pass bmm2_scale=1.0 (the FP8 KV cache's V scale ignored) and apply the K "
-        "scale to a BF16 cache. Repaired: kernel calls through the module's flashinfer (a mock or HookRegistry hook "
-        "on a kernel included); a positional kernel call stands aside with one warning",
+        "scale to a BF16 cache. Repaired: the two methods run 0.5.15's statements, compiled into SGLang's functions",
     )
 
 
@@ -286,9 +315,8 @@ HOTFIX = Hotfix(
     distribution="sglang",
     target="sglang.srt.layers.attention.trtllm_mha_backend.%s.%s" % (CLASS_NAME, METHODS[0]),
     also=METHODS[1:],
-    gates=((GATED_GLOBAL, site.make_gate),),  # armed by the first call that needs a repair
     classify=classify,
-    wrapper=site.note_the_call,
-    site=site.SITE,
+    edits=EDITS,
+    new_names=NEW_NAMES,
     known_fingerprints=ReleaseTable(os.path.join(os.path.dirname(os.path.abspath(__file__)), "pr28144_releases.json")),
 )

@@ -17,14 +17,10 @@ wrong query. Upstream's fix, in 0.5.16::
     else:
         q = q.reshape(-1, layer.tp_q_head_num, layer.head_dim)
 
-The repair, at FlashInfer's kernel call site's wrapper (``trtllm_kernel_site``, shared with
-pr28144): on XQA, SGLang's ``forward_decode`` is called with its query packed (``q.contiguous()``);
-the release's own ``q.reshape(-1, H, D)`` of it is the view upstream's ``.contiguous().view(-1, H,
-D)`` makes, so the kernel gets 0.5.16's dtype, shape, strides, storage offset and values (on XQA no
-release casts the query first; 0.5.14's ``_maybe_quantize_q`` returns it as it is, and nothing
-else reads it). No gate, no note: the repair is one ``.contiguous()``, as upstream's. Off XQA
-nothing changes. A call whose query is already contiguous needs nothing (``reshape`` and
-``.contiguous().view`` give the same view of it).
+The repair is upstream's code (``code_edit``): the release's own ``forward_decode``, compiled from
+the installed file with its ``q = q.reshape(...)`` replaced by 0.5.16's statement above, runs as
+SGLang's function (with the other records' edits of the method, when they are in force). The
+kernel gets what 0.5.16's statement makes, because it is 0.5.16's statement.
 
 Verdicts, from the live ``forward_decode``: ``affected`` when it is, by fingerprint, the code of
 0.5.11 to 0.5.15.post1 (and the module binds ``flashinfer`` once, nothing else reaches a kernel,
@@ -37,14 +33,13 @@ query (0.5.1 to 0.5.9); ``unknown`` otherwise.
 import ast
 import os
 
-from .. import detect
+from .. import code_edit, detect
 from . import trtllm_kernel_routes as routes
-from . import trtllm_kernel_site as site
 from ..fingerprint import of_node
 from ..record import Classification, Hotfix, Verdict
 from ..release_table import ReleaseTable
 
-CLASS_NAME = site.CLASS_NAME
+CLASS_NAME = routes.CLASS_NAME
 METHOD = "forward_decode"
 OTHER_KERNEL_CALLER = "forward_extend"  # reaches the kernels too: not a route around the gate
 UPSTREAM = "SGLang 0.5.16 (PR #31667)"
@@ -54,26 +49,16 @@ UPSTREAM_STATEMENT = "if self.is_xqa_impl:\n    %s\nelse:\n    %s" % (PACKED, RE
 
 
 # --------------------------------------------------------------------------
-# The repair
+# The repair: upstream's change, as an edit of the release's own method
 
 
-def needs_repair(backend, layer, q, wrapped):
-    """True where 0.5.16 passes another query: ``forward_decode`` on XQA with a query that is not
-    contiguous (of a contiguous one, ``reshape`` and ``.contiguous().view`` give the same view). The
-    record wraps ``forward_decode`` alone: the site asks it of no other call."""
-    return bool(getattr(backend, "is_xqa_impl", False)) and not q.is_contiguous()
+def pack_the_query_on_xqa(method, tree):
+    """PR #31667 on the release's ``forward_decode``: its one ``q = q.reshape(...)`` becomes 0.5.16's
+    ``if self.is_xqa_impl: ... else: ...`` (every affected release sets ``is_xqa_impl``)."""
+    code_edit.replace_statement(method, RESHAPED, UPSTREAM_STATEMENT)
 
 
-def upstream_query(backend, layer, q):
-    """The query SGLang's method is called with: the method's ``q`` packed. On XQA no affected
-    release casts the decode query (0.5.14's ``_maybe_quantize_q`` returns it as it is) or reads it
-    before its ``q.reshape(-1, H, D)``, which of a packed tensor is the very view 0.5.16's
-    ``q.contiguous().view(-1, H, D)`` makes: the kernel gets 0.5.16's dtype, shape, strides,
-    storage offset and values, a tensor the call made, as upstream's is."""
-    return q.contiguous()
-
-
-site.register("pr31667", needs_repair, before=upstream_query)
+EDITS = (code_edit.Edit(METHOD, pack_the_query_on_xqa),)
 
 
 # --------------------------------------------------------------------------
@@ -161,10 +146,8 @@ HOTFIX = Hotfix(
     summary="TRT-LLM MHA decode on XQA (Hopper, SM120) passes FlashInfer a packed query, not a strided view",
     effect="FlashInfer's XQA decode kernel receives the query packed",
     distribution="sglang",
-    target="%s.%s.%s" % (site.MODULE, CLASS_NAME, METHOD),
-    # No gate: the repair is made on the method's argument (``before``), never at the kernel call.
-    site=site.SITE,
+    target="%s.%s.%s" % (routes.MODULE, CLASS_NAME, METHOD),
     classify=classify,
-    wrapper=site.note_the_call,
+    edits=EDITS,
     known_fingerprints=ReleaseTable(os.path.join(os.path.dirname(os.path.abspath(__file__)), "pr31667_releases.json")),
 )

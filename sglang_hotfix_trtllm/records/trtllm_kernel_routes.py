@@ -12,7 +12,11 @@ import ast
 import weakref
 
 from ..fingerprint import of_node
-from .trtllm_kernel_site import CLASS_NAME, GATED_GLOBAL, KERNELS
+
+CLASS_NAME = "TRTLLMHAAttnBackend"
+MODULE = "sglang.srt.layers.attention.trtllm_mha_backend"
+GATED_GLOBAL = "flashinfer"  # the module global through which the backend reaches FlashInfer's kernels
+KERNELS = {"decode": "trtllm_batch_decode_with_kv_cache", "prefill": "trtllm_batch_context_with_kv_cache"}
 
 
 # tree -> {check: answer}: the records of this site ask the two whole-module walks of one parse with

@@ -1,6 +1,7 @@
 """The record for SGLang 0.5.22's fix of EAGLE/MTP draft extend on XQA (the pull request that
-made it was not found: docs/records.md says how it was looked for). A record that recognises
-the bug and says so: no wrapper reproduces upstream's change exactly, so it never patches.
+made it was not found: docs/records.md says how it was looked for). Repaired on 0.5.21 by running
+0.5.22's statements in SGLang's ``forward_extend`` (``code_edit``); recognised and reported on 0.5.14
+to 0.5.20, where 0.5.22's change does not apply as written.
 
 Standard library only.
 
@@ -21,35 +22,36 @@ is_target_verify() or is_draft_extend_v2()``; the cast only ``if not self.is_xqa
 uses_decode_kernel``) and passes ``self._xqa_spec_dec_mask if self.forward_metadata.max_seq_len_q >
 1 else None``.
 
-Why no repair: the FP8 cast is a statement inside ``forward_extend``, before any kernel call; at
-the kernel the query is already rounded to FP8, and casting it back is not upstream's BF16 query.
-Avoiding the cast from outside would mean changing ``self.data_type`` for the call, which the same
-method also reads for the KV write and the K/V scales. Before 0.5.21 the static mask buffer does not
-exist either. So this record only recognises the code, and ``status`` says NOT PROTECTED on it,
-naming the release that fixes it.
+The repair, on 0.5.21: the method's own code with 0.5.22's three statements (the binding, the cast's
+condition, the mask), compiled into SGLang's function. 0.5.21 already makes the mask buffer
+(``_xqa_spec_dec_mask``) and passes it to target verify, so 0.5.22's change applies as upstream wrote
+it. Before 0.5.21 the buffer does not exist (0.5.14 to 0.5.20): 0.5.22's ``mask=`` would read an
+attribute the release never sets, so there the record only recognises the code, and ``status`` says
+NOT PROTECTED on it, naming the release that fixes it.
 
-Verdicts, from the live ``forward_extend``: ``unrepairable`` when it is, by fingerprint, the code of
-a release that carries the bug (``UNREPAIRABLE``), the module binding ``flashinfer`` once;
+Verdicts, from the live ``forward_extend``: ``affected`` for 0.5.21's fingerprint (``AFFECTED``);
+``unrepairable`` when it is, by fingerprint, the code of 0.5.14 to 0.5.20 (``UNREPAIRABLE``);
 ``fixed`` when it holds 0.5.22's three statements in their roles (``uses_decode_kernel`` bound once
 in the method's body, the FP8 cast's test with the condition on it, every ``mask=`` passing the mask
 on ``max_seq_len_q > 1``); ``not-applicable`` when draft extend has no route to the decode kernel
 (the method never asks ``is_draft_extend_v2``, calls no decode helper, reaches ``flashinfer.decode``
 only under ``if forward_batch.forward_mode.is_target_verify():``, and every name it reads is bound:
 0.5.13.post1 and earlier); ``unknown`` otherwise. The releases with the bug: 0.5.14 to 0.5.21. Every
-single-statement mutant of 0.5.14's and 0.5.21's method is ``unknown`` (test_reported_records).
+single-statement mutant of 0.5.14's and 0.5.21's method is ``unknown`` (test_reported_records): the
+verdict pins the method by fingerprint.
 """
 
 import ast
 import builtins
 import os
 
-from .. import detect
-from . import trtllm_kernel_site as site
-from ..record import Hotfix, Verdict, reports_only
+from .. import code_edit, detect
+from . import trtllm_kernel_routes as routes
+from ..record import Hotfix, Verdict
 from ..release_table import ReleaseTable
 
 NAME = "xqa_draft_extend"
-CLASS_NAME = site.CLASS_NAME
+CLASS_NAME = routes.CLASS_NAME
 METHOD = "forward_extend"
 UPSTREAM = "SGLang 0.5.22"
 
@@ -63,10 +65,12 @@ UNREPAIRABLE = {
     "ast1:b67ea40bc44f7dcd": "0.5.18",
     "ast1:6431b3b2463a8083": "0.5.19",
     "ast1:586829385e017f50": "0.5.20",
-    "ast1:a639d577cfcfba4f": "0.5.21",
 }
+# forward_extend of the release this record repairs: 0.5.21 has 0.5.22's mask buffer
+# (``_xqa_spec_dec_mask``, passed to target verify already), so 0.5.22's change applies as it is.
+AFFECTED = {"ast1:a639d577cfcfba4f": "0.5.21"}
 
-# 0.5.22's statements, as ``ast.unparse`` writes them.
+# 0.5.22's statements, as ``ast.unparse`` writes them, and the release's (0.5.21) they replace.
 USES_DECODE_KERNEL = (
     "uses_decode_kernel = forward_batch.forward_mode.is_target_verify() or "
     "forward_batch.forward_mode.is_draft_extend_v2()"
@@ -74,15 +78,56 @@ USES_DECODE_KERNEL = (
 CAST_CONDITION = "not self.is_xqa_impl or not uses_decode_kernel"
 FP8_KV_TEST = "self.data_type == torch.float8_e4m3fn"  # the cast's other term, as in every release
 MASK = "self._xqa_spec_dec_mask if self.forward_metadata.max_seq_len_q > 1 else None"
-
-REASON = (
-    "EAGLE/MTP with a trtllm_mha draft on SM90/SM120 (XQA): draft extend reaches XQA with an FP8-cast query "
-    "(FP8 KV cache) and no spec-decoding mask, and FlashInfer's asserts stop the server at CUDA-graph capture. "
-    "The cast is inside forward_extend, before the kernel call, so no wrapper gives upstream's BF16 query "
-    "(and before 0.5.21 the mask buffer is missing too); "
-    "upgrade to SGLang 0.5.22 if you run speculative decoding with trtllm_mha on Hopper or SM120 "
-    "(other deployments do not reach this code)"
+RELEASE_CAST_CONDITION = "not self.is_xqa_impl or not forward_batch.forward_mode.is_target_verify()"
+RELEASE_MASK = (
+    "self._xqa_spec_dec_mask if forward_batch.forward_mode.is_target_verify() and "
+    "self.forward_metadata.max_seq_len_q > 1 else None"
 )
+
+WHAT = (
+    "EAGLE/MTP with a trtllm_mha draft on SM90/SM120 (XQA): draft extend reaches XQA with an FP8-cast query "
+    "(FP8 KV cache) and no spec-decoding mask, and FlashInfer's asserts stop the server at CUDA-graph capture"
+)
+REASON = WHAT + (
+    ". Not repaired on this release: the spec-decoding mask 0.5.22 passes (self._xqa_spec_dec_mask, a buffer "
+    "0.5.21 made) does not exist in it, so 0.5.22's change does not apply as upstream wrote it (this version "
+    "repairs 0.5.21 only); upgrade to SGLang 0.5.22 if you run speculative decoding with trtllm_mha on Hopper or "
+    "SM120 (other deployments do not reach this code)"
+)
+
+
+# --------------------------------------------------------------------------
+# The repair (0.5.21): upstream's change, as an edit of the release's own method
+
+
+def keep_bf16_query_and_pass_the_mask(extend, tree):
+    """0.5.22's change of 0.5.21's ``forward_extend``: ``uses_decode_kernel`` bound right before
+    ``q_scale = 1.0``, the FP8 cast's condition on it, and the spec-decoding mask passed whenever
+    ``max_seq_len_q > 1`` (not only in target verify). (0.5.22 also folds 0.5.21's ``is_decode_mode``,
+    the same expression, into ``uses_decode_kernel``; that rename changes nothing and is left out.)"""
+    (at,) = [i for i, s in enumerate(extend.body) if ast.unparse(s) == "q_scale = 1.0"] or [None]
+    if at is None:
+        raise code_edit.EditMismatch("forward_extend has no `q_scale = 1.0` of its own")
+    conditions = [n for n in ast.walk(extend) if ast.unparse(n) == RELEASE_CAST_CONDITION]
+    masks = [n for n in ast.walk(extend) if isinstance(n, ast.Assign) and ast.unparse(n.value) == RELEASE_MASK]
+    if len(conditions) != 1 or len(masks) != 1:
+        raise code_edit.EditMismatch(
+            "%d FP8-cast conditions and %d masks as 0.5.21 writes them (upstream's change has one each)"
+            % (len(conditions), len(masks))
+        )
+    extend.body.insert(at, code_edit.statement_at(USES_DECODE_KERNEL, extend.body[at].lineno))
+    parents = [n for n in ast.walk(extend) if isinstance(n, ast.BoolOp) and conditions[0] in n.values]
+    if len(parents) != 1:
+        raise code_edit.EditMismatch("the FP8 cast's condition is not one term of its test")
+    condition = ast.parse(CAST_CONDITION, mode="eval").body
+    ast.increment_lineno(condition, conditions[0].lineno - 1)
+    parents[0].values[parents[0].values.index(conditions[0])] = condition
+    mask = ast.parse(MASK, mode="eval").body
+    ast.increment_lineno(mask, masks[0].value.lineno - 1)
+    masks[0].value = mask
+
+
+EDITS = (code_edit.Edit(METHOD, keep_bf16_query_and_pass_the_mask),)
 
 
 def _fixed_in_substance(extend):
@@ -220,6 +265,11 @@ def classify(tree):
         return verdict(
             Verdict.FIXED, "draft extend and target verify on the decode kernel keep BF16 Q and get the mask on XQA"
         )
+    if fingerprint in AFFECTED:
+        return verdict(
+            Verdict.AFFECTED,
+            WHAT + ". Repaired: forward_extend runs 0.5.22's statements, compiled into SGLang's function",
+        )
     if fingerprint not in UNREPAIRABLE:
         return verdict(Verdict.UNKNOWN, "forward_extend is not the code of a release this hotfix knows")
     return verdict(Verdict.UNREPAIRABLE, REASON)
@@ -228,12 +278,12 @@ def classify(tree):
 HOTFIX = Hotfix(
     name=NAME,
     upstream=UPSTREAM,
-    summary="EAGLE/MTP draft extend on XQA (SM90/SM120) keeps BF16 Q and gets the spec-decoding mask; "
-    "recognised and reported, never patched",
-    effect="reported only",
+    summary="EAGLE/MTP draft extend on XQA (SM90/SM120) keeps BF16 Q and gets the spec-decoding mask "
+    "(repaired on 0.5.21, reported on 0.5.14 to 0.5.20)",
+    effect="draft extend and target verify on XQA keep BF16 Q and get the spec-decoding mask",
     distribution="sglang",
-    target="%s.%s.%s" % (site.MODULE, CLASS_NAME, METHOD),
+    target="%s.%s.%s" % (routes.MODULE, CLASS_NAME, METHOD),
     classify=classify,
-    wrapper=reports_only,
+    edits=EDITS,
     known_fingerprints=ReleaseTable(os.path.join(os.path.dirname(os.path.abspath(__file__)), NAME + "_releases.json")),
 )

@@ -2,8 +2,7 @@
 that made it was not found: docs/records.md says how it was looked for): fmha_v2
 prefill and XQA decode no longer share the first 8 MiB of one workspace.
 
-Standard library only at import (torch and wrapt are reached when the record wraps, as for
-every record).
+Standard library only at import.
 
 The bug (SGLang 0.5.19 to 0.5.22): on SM90/SM120 ``TRTLLMHAAttnBackend`` prefills with FlashInfer's
 fmha_v2 kernel (``flashinfer.prefill.trtllm_fmha_v2_prefill``, ``self.use_fmha_v2``) and decodes with
@@ -26,25 +25,18 @@ KV head. Upstream's fix, in 0.5.23::
 ``self.is_xqa_impl`` is ``get_platform().is_sm90 or get_platform().is_sm120`` in every release
 (0.5.19 and 0.5.20 set it after the allocation, 0.5.21 on before it; the same expression).
 
-The repair, in two places, each where upstream's value is made:
+The repair is upstream's code (``code_edit``): ``__init__``, compiled from the installed file with
+its allocation replaced by 0.5.23's three statements above, and ``forward_extend``, with fmha_v2's
+``workspace_buffer=self.fmha_v2_workspace_buffer``, run as SGLang's functions; 0.5.23's
+``_XQA_SEMAPHORE_BYTES`` becomes a global of the module first. ``get_buffer`` is SGLang's own, so
+the buffer is still one per process, shared by the draft's backend, allocated once. One adaptation:
+0.5.19 and 0.5.20 set ``self.is_xqa_impl`` after the allocation, so there the reserve asks the very
+expression it is set to, ``get_platform().is_sm90 or get_platform().is_sm120``.
 
-* ``__init__`` is wrapped: the call is noted while SGLang's ``__init__`` runs, and the module's
-  ``get_buffer`` (a gate, armed by the first ``__init__``; it passes every other call through) hands
-  the workspace's ``get_buffer`` call, on XQA (the expression above, asked of the module's
-  ``get_platform`` at that call), upstream's factory instead of the release's:
-  ``torch.zeros(8 MiB + self.workspace_size, dtype=torch.uint8, device=model_runner.device)``.
-  ``get_buffer`` is SGLang's own, so the buffer is still one per process, shared by the draft's
-  backend, allocated once (8 MiB more, never the old size and the new both), before any CUDA graph
-  is captured (the hotfix wraps when the backend module is imported). Off XQA (SM100) nothing
-  changes: upstream's ``semaphore_bytes`` is 0 there.
-* FlashInfer's fmha_v2 kernel, as the module reaches it through ``flashinfer`` (the kernel-call
-  site's gate, ``trtllm_kernel_site``), gets ``workspace[8 MiB:]`` in place of a workspace this
-  record allocated: upstream's view (same storage, offset 8 MiB, size, dtype, strides). XQA and
-  every other kernel get the whole buffer, as in 0.5.23.
-
-A workspace allocated before the record was in force (an instance built before ``apply()``) is
-never swapped: CUDA graphs may hold it. That process keeps the release's sharing, and says so
-(one WARNING naming the record).
+``forward_extend`` then reads what ``__init__`` makes: a backend built before the record was in
+force has no ``fmha_v2_workspace_buffer``, so while such backends live (``apply()`` late in a
+process) the record stands aside and says so (``Hotfix.made_at_construction``), rather than let
+upstream's code meet an object upstream's ``__init__`` never made.
 
 Verdicts, from the live code: ``affected`` when ``__init__`` and ``forward_extend`` are, by
 fingerprint, 0.5.19's to 0.5.22's, the module binds ``flashinfer`` and ``get_buffer`` once each, and
@@ -55,19 +47,16 @@ earlier); ``unknown`` otherwise.
 """
 
 import ast
-import contextvars
 import os
-import weakref
 
-from .. import detect, logs
+from .. import code_edit, detect
 from . import trtllm_kernel_routes as routes
-from . import trtllm_kernel_site as site
 from ..fingerprint import of_node
 from ..record import Classification, Hotfix, Verdict
 from ..release_table import ReleaseTable
 
 NAME = "xqa_workspace"
-CLASS_NAME = site.CLASS_NAME
+CLASS_NAME = routes.CLASS_NAME
 METHOD = "__init__"
 PREFILL_METHOD = "forward_extend"
 UPSTREAM = "SGLang 0.5.23"
@@ -81,192 +70,78 @@ FIXED_ATTRIBUTE = "fmha_v2_workspace_buffer"
 
 
 # --------------------------------------------------------------------------
-# The repair: the workspace's allocation
+# The repair: upstream's change, as edits of the release's own methods
+
+SEMAPHORE_CONSTANT = "_XQA_SEMAPHORE_BYTES"
+# 0.5.23's module constant, verbatim.
+UPSTREAM_CONSTANT = "_XQA_SEMAPHORE_BYTES = 8 * 1024 * 1024"
+# The release's allocation (0.5.19 to 0.5.22, as ``ast.unparse`` writes it) and 0.5.23's three
+# statements in its place.
+RELEASE_ALLOCATION = (
+    "self.workspace_buffer = get_buffer('trtllm_mha_zero_workspace', lambda: torch.zeros(self.workspace_size, "
+    "dtype=torch.uint8, device=model_runner.device))"
+)
+UPSTREAM_RESERVE = "semaphore_bytes = _XQA_SEMAPHORE_BYTES if %s else 0"
+UPSTREAM_ALLOCATION = """\
+self.workspace_buffer = get_buffer(
+    "trtllm_mha_zero_workspace",
+    lambda: torch.zeros(
+        semaphore_bytes + self.workspace_size,
+        dtype=torch.uint8,
+        device=model_runner.device,
+    ),
+)"""
+UPSTREAM_VIEW = "self.%s = self.workspace_buffer[semaphore_bytes:]" % FIXED_ATTRIBUTE
+XQA_ATTRIBUTE = "self.is_xqa_impl"
 
 
-class _Construction:
-    """One ``__init__`` call on XQA, as the ``get_buffer`` gate needs it."""
-
-    __slots__ = ("backend", "model_runner", "outcome")
-
-    def __init__(self, backend, model_runner):
-        self.backend, self.model_runner = backend, model_runner
-        self.outcome = None  # "allocated" / "shared": upstream's buffer; else why not
-
-
-_current_construction = contextvars.ContextVar("sglang_hotfix_trtllm_workspace_construction", default=None)
-# id(workspace) -> a weak reference to it: the workspaces this record allocated.
-_allocated = {}
-
-
-def _model_runner(
-    self, model_runner, skip_prefill=False, kv_indptr_buf=None, kv_last_page_len_buf=None, speculative_step_id=0
-):
-    """Binds ``__init__``'s parameters as every affected release declares them (pinned by
-    fingerprint): a call SGLang rejects is left to SGLang's own error."""
-    return model_runner
+def _xqa_test(init, before):
+    """What 0.5.23's reserve asks: ``self.is_xqa_impl`` where ``__init__`` has set it before the
+    allocation (0.5.21 on, as in 0.5.23); where it sets it after (0.5.19 and 0.5.20, the adaptation),
+    the very expression it is then set to (``get_platform().is_sm90 or get_platform().is_sm120``)."""
+    settings = [
+        (i, s)
+        for i, s in enumerate(init.body)
+        if isinstance(s, ast.Assign) and [ast.unparse(t) for t in s.targets] == [XQA_ATTRIBUTE]
+    ]
+    if len(settings) != 1:
+        raise code_edit.EditMismatch("__init__ sets is_xqa_impl %d times at its top level" % len(settings))
+    index, setting = settings[0]
+    return XQA_ATTRIBUTE if index < before else "(%s)" % ast.unparse(setting.value)
 
 
-def _on_xqa(module):
-    """``self.is_xqa_impl`` as every affected release computes it."""
-    platform = module.get_platform()
-    return bool(platform.is_sm90 or platform.is_sm120)
-
-
-def allocate_as_upstream(module, wrapped, instance, args, kwargs):
-    """wrapt wrapper of ``__init__``: the call is noted for the ``get_buffer`` gate while SGLang's
-    ``__init__`` runs (the gate decides, at the workspace's ``get_buffer`` call, whether it is on
-    XQA). A call that cannot be read runs SGLang's ``__init__`` alone; a workspace that could not be
-    allocated as upstream allocates it is said once (the release's sharing then stays)."""
-    try:
-        model_runner = _model_runner(instance, *args, **kwargs)
-    except TypeError:
-        return wrapped(*args, **kwargs)  # SGLang's own __init__ raises its own error
-    from .. import patch
-
-    if instance is None or not patch.arm_gates(HOTFIX, module, (BUFFER_GLOBAL,)):
-        return wrapped(*args, **kwargs)  # remove() ran meanwhile: the record is off
-    construction = _Construction(instance, model_runner)
-    token = _current_construction.set(construction)
-    try:
-        result = wrapped(*args, **kwargs)
-    finally:
-        _current_construction.reset(token)
-    # Said only when SGLang's __init__ returned (else its own error says what happened) and the
-    # record is still on (remove() meanwhile is the operator's choice); each kind of outcome once
-    # per process on its own, so that one never hides another.
-    outcome = construction.outcome
-    if outcome is None:
-        outcome = ("no-gate", "the workspace's get_buffer call did not pass the gate")
-    if isinstance(outcome, tuple) and _gate_on(module, BUFFER_GLOBAL):
-        logs.repair_skipped(HOTFIX.target, NAME, LookupError(outcome[1]), outcome[0])
-    return result
-
-
-def _gate_on(module, name):
-    """The record's gate is the module's ``get_buffer`` and ``remove()`` has not turned it off."""
-    current = vars(module).get(name)
-    return bool(_gate_class) and type(current) is _gate_class[0] and current._self_hotfix_on
-
-
-def rearm(module):
-    """Called by ``patch.wrap`` each time the record is (re)applied: workspaces it allocated before a
-    ``remove()`` live on in their backends, so fmha_v2's gate goes back at once (no new ``__init__``
-    would put it back)."""
-    if any(ref() is not None for ref in list(_allocated.values())) and site.GATED_GLOBAL in vars(module):
-        from .. import patch
-
-        patch.arm_gates(HOTFIX, module, (site.GATED_GLOBAL,))
-
-
-def _bind_get_buffer(name, factory):
-    return name, factory
-
-
-def _not_needed(module):
-    """None when the workspace must be allocated as 0.5.23 does (on XQA, with FlashInfer's gate in
-    place); else "not-xqa" (upstream's allocation is the release's there), "no-flashinfer" (no
-    kernel can run, so none is repaired), or (kind, why) the repair cannot be made."""
-    from .. import patch
-
-    try:
-        if not _on_xqa(module):
-            return "not-xqa"  # SM100: 0.5.23's semaphore_bytes is 0
-    except Exception as error:  # SGLang's own __init__ asks the same and meets the same
-        return ("platform", "get_platform() failed: %s: %s" % (type(error).__name__, error))
-    if site.GATED_GLOBAL not in vars(module):
-        return "no-flashinfer"  # no FlashInfer kernel can run in this process: nothing to repair
-    if not patch.arm_gates(HOTFIX, module, (site.GATED_GLOBAL,)):
-        return ("no-gate", "the hotfix's gate could not be put in %s.%s" % (site.MODULE, site.GATED_GLOBAL))
-    return None
-
-
-def _upstream_workspace(module, construction, get_buffer, name):
-    """``get_buffer`` with 0.5.23's factory; the record's own workspace, or None where the one
-    SGLang shares was allocated without the record (then it is returned as it is)."""
-    backend, model_runner = construction.backend, construction.model_runner
-    size = XQA_SEMAPHORE_BYTES + backend.workspace_size
-    torch = module.torch
-    made = []
-
-    def factory():
-        made.append(torch.zeros(size, dtype=torch.uint8, device=model_runner.device))
-        return made[0]
-
-    workspace = get_buffer(name, factory)
-    entry = _allocated.get(id(workspace))
-    if made and workspace is made[0]:
-        _remember(workspace)
-        construction.outcome = "allocated"
-    elif entry is not None and entry() is workspace:
-        construction.outcome = "shared"  # allocated by an earlier instance, with the record
-    else:
-        construction.outcome = (
-            "preallocated",
-            "the process's shared workspace was allocated before the hotfix was in force (it is never "
-            "swapped: CUDA graphs may hold it); XQA and fmha_v2 keep sharing it until the process restarts",
+def allocate_as_upstream(init, tree):
+    """0.5.23's change of ``__init__``: the shared workspace's allocation becomes its reserve, its
+    allocation of 8 MiB more on XQA and fmha_v2's view after the reserve."""
+    places = [i for i, s in enumerate(init.body) if ast.unparse(s) == RELEASE_ALLOCATION]
+    if len(places) != 1:
+        raise code_edit.EditMismatch(
+            "%d workspace allocations in __init__'s own body (0.5.19 to 0.5.22 have one)" % len(places)
         )
-    return workspace
+    index = places[0]
+    statement = init.body[index]
+    init.body[index : index + 1] = [
+        code_edit.statement_at(UPSTREAM_RESERVE % _xqa_test(init, index), statement.lineno),
+        code_edit.statement_at(UPSTREAM_ALLOCATION, statement.lineno),
+        code_edit.statement_at(UPSTREAM_VIEW, statement.end_lineno),
+    ]
 
 
-def _remember(workspace):
-    # Only a weak reference: a view kept here would keep the workspace's memory alive after SGLang
-    # dropped it (an engine rebuilt in the same process).
-    key = id(workspace)
-    _allocated[key] = weakref.ref(workspace, lambda _, key=key: _allocated.pop(key, None))
+def give_fmha_v2_its_view(extend, tree):
+    """0.5.23's change of ``forward_extend``: fmha_v2's ``workspace_buffer=`` is its view."""
+    calls = _fmha_v2_calls(tuple(ast.walk(extend)))
+    if len(calls) != 1:
+        raise code_edit.EditMismatch("%d fmha_v2 calls in forward_extend (0.5.19 to 0.5.22 have one)" % len(calls))
+    given = [k for k in calls[0].keywords if k.arg == "workspace_buffer"]
+    if len(given) != 1 or ast.unparse(given[0].value) != "self.workspace_buffer":
+        raise code_edit.EditMismatch("fmha_v2's call does not pass workspace_buffer=self.workspace_buffer")
+    value = ast.parse("self.%s" % FIXED_ATTRIBUTE, mode="eval").body
+    ast.increment_lineno(value, given[0].value.lineno - 1)
+    given[0].value = value
 
 
-_gate_class = []
-
-
-def make_buffer_gate(module, get_buffer):
-    """The module's ``get_buffer`` once the record armed it: SGLang's own function, but for the
-    workspace's call inside a noted ``__init__``."""
-    if not _gate_class:
-        from .. import patch
-
-        class WorkspaceBufferGate(patch.GateProxy):
-            """SGLang's ``get_buffer`` as the backend module reaches it (a proxy: it passes for
-            the function), handing the workspace's call upstream's factory during a noted
-            ``__init__``."""
-
-            def __call__(self, *args, **kwargs):
-                construction = _current_construction.get()
-                if construction is None or not self._self_hotfix_on:
-                    return self.__wrapped__(*args, **kwargs)
-                try:
-                    name, _ = _bind_get_buffer(*args, **kwargs)
-                except TypeError:
-                    return self.__wrapped__(*args, **kwargs)
-                if name != WORKSPACE_NAME or construction.outcome is not None:
-                    return self.__wrapped__(*args, **kwargs)
-                module = self._self_module
-                construction.outcome = _not_needed(module)
-                if construction.outcome is not None:
-                    return self.__wrapped__(*args, **kwargs)  # SGLang's own factory: upstream's there
-                return _upstream_workspace(module, construction, self.__wrapped__, name)
-
-        _gate_class.append(WorkspaceBufferGate)
-    gate = _gate_class[0](get_buffer)
-    gate._self_module = module
-    return gate
-
-
-# --------------------------------------------------------------------------
-# The repair: what fmha_v2 receives
-
-
-def fmha_v2_workspace(kwargs):
-    """fmha_v2's keyword arguments with 0.5.23's workspace: the view after the semaphores, in place
-    of a workspace this record allocated; SGLang's own arguments otherwise."""
-    workspace = kwargs.get("workspace_buffer")
-    entry = _allocated.get(id(workspace))
-    if entry is None or entry() is not workspace:
-        return kwargs
-    return dict(kwargs, workspace_buffer=workspace[XQA_SEMAPHORE_BYTES:])  # 0.5.23's view, made as it makes it
-
-
-site.register_argument_repair(FMHA_V2_SUBMODULE, FMHA_V2_KERNEL, fmha_v2_workspace)
+EDITS = (code_edit.Edit(METHOD, allocate_as_upstream), code_edit.Edit(PREFILL_METHOD, give_fmha_v2_its_view))
+NEW_NAMES = (code_edit.NewName(SEMAPHORE_CONSTANT, UPSTREAM_CONSTANT, UPSTREAM, scope="module"),)
 
 
 # --------------------------------------------------------------------------
@@ -422,7 +297,7 @@ def _affected_problem(tree, walked, init, extend):
         _names(walked[init], WORKSPACE_NAME)
     ) != 1:
         return "code outside __init__ names the shared workspace %r" % WORKSPACE_NAME
-    if any(isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == site.GATED_GLOBAL for n in nodes):
+    if any(isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == routes.GATED_GLOBAL for n in nodes):
         return "the module imports from FlashInfer by name: a route around the gate"
     return None
 
@@ -476,12 +351,11 @@ HOTFIX = Hotfix(
     "(8 MiB more workspace, fmha_v2 gets the part after them)",
     effect="on SM90/SM120 the shared workspace holds 8 MiB for XQA's semaphores and fmha_v2 gets the part after them",
     distribution="sglang",
-    target="%s.%s.%s" % (site.MODULE, CLASS_NAME, METHOD),
-    # Both armed by the first __init__ on XQA: get_buffer's for the allocation, FlashInfer's (the
-    # kernel-call site's, shared with its records) for what fmha_v2 receives.
-    gates=((BUFFER_GLOBAL, make_buffer_gate), (site.GATED_GLOBAL, site.make_gate)),
+    target="%s.%s.%s" % (routes.MODULE, CLASS_NAME, METHOD),
     classify=classify,
-    wrapper=allocate_as_upstream,
-    on_wrap=rearm,
+    edits=EDITS,
+    new_names=NEW_NAMES,
+    # forward_extend reads what __init__ makes: never put in force while backends built without it live.
+    made_at_construction=(FIXED_ATTRIBUTE,),
     known_fingerprints=ReleaseTable(os.path.join(os.path.dirname(os.path.abspath(__file__)), NAME + "_releases.json")),
 )

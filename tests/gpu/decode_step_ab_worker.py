@@ -89,8 +89,12 @@ def set_state(on, hotfix, cls):
             raise RuntimeError("sglang_hotfix_trtllm.apply() returned False (SGLANG_HOTFIX_TRTLLM_DISABLE set?)")
     else:
         hotfix.remove()
-    kind = type(cls.__dict__["forward_decode"]).__name__
-    if (kind == "HotfixWrapper") != on:
+    from sglang_hotfix_trtllm import code_edit
+
+    function = cls.__dict__["forward_decode"]
+    edited = any(s.function is function and function.__code__ is s.installed for s in code_edit._edited.values())
+    kind = "%s (%s)" % (type(function).__name__, "the hotfix's compile" if edited else "the release's code")
+    if edited != on:
         raise RuntimeError("forward_decode is a %s with the hotfix %s" % (kind, "applied" if on else "removed"))
     return kind
 

@@ -196,21 +196,28 @@ def main():
     device = torch.device("cpu" if dry_run else "cuda")
     backend_module, ForwardMode, _ = import_sglang()
     kernel = use_kernel(backend_module, dry_run)
-    # SGLang bound no `flashinfer` while imported with CUDA hidden (import_sglang): the record's gate
-    # goes around the module's global now that it exists, as it does at import on a GPU machine.
+    # The records run upstream's code compiled into SGLang's own forward_decode (0.14.0): the function
+    # stays SGLang's, its code is the hotfix's compile, and the module's `flashinfer` is FlashInfer.
     import sglang_hotfix_trtllm
+    from sglang_hotfix_trtllm import code_edit
 
+    own_flashinfer = backend_module.flashinfer
     sglang_hotfix_trtllm.apply()
-    decode_type = type(backend_module.TRTLLMHAAttnBackend.__dict__["forward_decode"]).__name__
+    decode = backend_module.TRTLLMHAAttnBackend.__dict__["forward_decode"]
+    decode_type = type(decode).__name__
+    edited = any(
+        state.function is decode and state.function.__code__ is state.installed for state in code_edit._edited.values()
+    )
     generator = torch.Generator().manual_seed(0)
     results = {name: run_case(backend_module, ForwardMode, name, device, generator) for name in CASES}
-    # The gate goes in at the first call that needs a repair (an FP8 cache): seen after the cases.
-    gate = type(backend_module.flashinfer).__name__
+    gate = (
+        "FlashInfer's own" if backend_module.flashinfer is own_flashinfer else type(backend_module.flashinfer).__name__
+    )
     print(
         "RESULT:"
         + json.dumps(
             {
-                "patched": decode_type == "HotfixWrapper" and gate == "FlashInferGate",
+                "patched": decode_type == "function" and edited and backend_module.flashinfer is own_flashinfer,
                 "forward_decode_type": decode_type,
                 "flashinfer_global": gate,
                 "kernel": kernel,

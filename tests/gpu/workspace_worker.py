@@ -352,7 +352,10 @@ def run(arm, dry_run, workspace_mib, seed=20261202):
         assessment = detect.assess_module(xqa_workspace.HOTFIX, module)
         facts["verdict"] = "%s: %s" % (assessment.verdict.value, assessment.reason)
         facts["wrapped"] = str(patch.wrap(xqa_workspace.HOTFIX, module, assessment))
-    facts["init_on_class"] = type(vars(module.TRTLLMHAAttnBackend)["__init__"]).__name__
+    init = vars(module.TRTLLMHAAttnBackend)["__init__"]
+    # 0.14.0: the record runs upstream's code compiled into SGLang's own __init__ (no wrapper).
+    facts["init_on_class"] = type(init).__name__
+    facts["init_runs_the_hotfix_compile"] = patch.is_patched(xqa_workspace.HOTFIX, module.TRTLLMHAAttnBackend)
 
     generator = torch.Generator(device=device).manual_seed(seed)
     largest = max(max(BATCH_SIZES) * contexts[1], sum(prefill_lengths))

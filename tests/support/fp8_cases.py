@@ -607,6 +607,7 @@ def upstream_module(
     canonical_strides_dir=None,
     swa_locations_dir=None,
     encoder_only_dir=None,
+    draft_extend_dir=None,
 ):
     """The release's module with upstream's fixes applied (compiled from the release's file):
     ``scales``, PR #28144 as #29423 revised it (0.5.15's helpers on the class and 0.5.15's
@@ -620,7 +621,8 @@ def upstream_module(
     ``cache_loc = ...`` statement in place of the release's in ``_fused_fp8_set_kv_buffer``;
     ``encoder_only_dir`` (a folder holding 0.5.22), its ``causal=layer.attn_type !=
     AttentionType.ENCODER_ONLY``, taken from 0.5.22's context-kernel call, added to the release's
-    context-kernel call in ``forward_extend``."""
+    context-kernel call in ``forward_extend``; ``draft_extend_dir`` (a folder holding 0.5.22), its three
+    statements for draft extend on XQA (``_apply_draft_extend``)."""
     module = load_backend_module(release_dir)
     fixed_path, path = fixed_dir / BACKEND, release_dir / BACKEND
     own = _methods(_backend_class(path))
@@ -641,6 +643,10 @@ def upstream_module(
         module.canonicalize_stride = release_canonicalize_stride(canonical_strides_dir)
     if encoder_only_dir is not None:
         _apply_encoder_only_mask(own["forward_extend"], _methods(_backend_class(encoder_only_dir / BACKEND)))
+    if draft_extend_dir is not None:
+        _apply_draft_extend(
+            own["forward_extend"], _methods(_backend_class(draft_extend_dir / BACKEND))["forward_extend"]
+        )
     names = METHODS
     if swa_locations_dir is not None:
         translated_path = swa_locations_dir / BACKEND
@@ -684,6 +690,49 @@ def _apply_encoder_only_mask(method, fixed_methods):
         (call,) = calls
         (at,) = [i for i, k in enumerate(call.keywords) if k.arg == "mask_mode"]
         call.keywords[at] = copy.deepcopy(keyword)
+
+
+def _apply_draft_extend(method, fixed_method):
+    """0.5.22's fix of draft extend on XQA, taken from 0.5.22's ``forward_extend``, on the release's:
+    0.5.22's ``uses_decode_kernel = ...`` (the statement of its own body that binds that name) put
+    right before the release's own ``q_scale = 1.0``; the term of the release's FP8-cast test that asks
+    ``is_target_verify()`` beside ``is_xqa_impl`` replaced by 0.5.22's term (the one beside
+    ``is_xqa_impl`` there); the release's ``mask = ...`` value replaced by 0.5.22's."""
+    (binding,) = [
+        s
+        for s in fixed_method.body
+        if isinstance(s, ast.Assign) and [ast.unparse(t) for t in s.targets] == ["uses_decode_kernel"]
+    ]
+
+    def xqa_terms(function):
+        return [
+            (node, i)
+            for node in ast.walk(function)
+            if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And)
+            for i, term in enumerate(node.values)
+            if isinstance(term, ast.BoolOp) and "self.is_xqa_impl" in ast.unparse(term)
+        ]
+
+    def masks(function):
+        return [
+            s
+            for s in ast.walk(function)
+            if isinstance(s, ast.Assign)
+            and [ast.unparse(t) for t in s.targets] == ["mask"]
+            and "_xqa_spec_dec_mask" in ast.unparse(s.value)
+        ]
+
+    ((fixed_and, fixed_at),) = xqa_terms(fixed_method)
+    ((release_and, release_at),) = [
+        (n, i) for n, i in xqa_terms(method) if "is_target_verify" in ast.unparse(n.values[i])
+    ]
+    (fixed_mask,) = masks(fixed_method)
+    (release_mask,) = masks(method)
+    (at,) = [i for i, s in enumerate(method.body) if ast.unparse(s) == "q_scale = 1.0"]
+    method.body.insert(at, _placed_at(binding, method.body[at].lineno))
+    release_and.values[release_at] = copy.deepcopy(fixed_and.values[fixed_at])
+    release_mask.value = copy.deepcopy(fixed_mask.value)
+    ast.fix_missing_locations(method)
 
 
 def _is_cache_loc(statement):
@@ -980,7 +1029,8 @@ def _backend(module, case, pool):
         prefill_uses_native_fp4=False,
         uses_trtllm_gen_native_fp4=False,
         _nvfp4_fp8_output=None,
-        _xqa_spec_dec_mask=None,
+        # A real buffer (0.5.21 on pass it to XQA): which calls get it is part of what is compared.
+        _xqa_spec_dec_mask=torch.ones(64, dtype=torch.bool),
     )
     if "_kv_write_scales" in case.attributes:  # FlashInfer's backend's method (the base class)
         available["_kv_write_scales"] = _base_write_scales(module)

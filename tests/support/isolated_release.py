@@ -63,9 +63,23 @@ def load_backend_module(release_dir):
             for name in ("TYPE_CHECKING", "Optional", "List", "Dict", "Tuple", "Union", "Any", "Callable")
         },
     )
-    body = _futures(tree) + [_class(tree, "TRTLLMMHAMetadata"), backend]
+    body = as_the_file_binds(tree, _futures(tree) + [_class(tree, "TRTLLMMHAMetadata"), backend])
     run_as_module(compile(ast.Module(body=body, type_ignores=[]), str(path), "exec"), module)
     return module
+
+
+def as_the_file_binds(tree, kept):
+    """``kept`` (statements of the module ``tree``) followed by every other top-level statement of
+    the file under ``if False:``: never run, but seen by the compiler's symbol table, so names the
+    file binds by import compile as they do in the file (CPython 3.12 calls a method of an imported
+    module with LOAD_ATTR, of another global with LOAD_METHOD; 3.11 likewise for some calls). The
+    functions then hold the very code a fresh compile of the file gives, which the plugin proves
+    before it changes a method."""
+    rest = [n for n in tree.body if n not in kept and not (isinstance(n, ast.ImportFrom) and n.module == "__future__")]
+    if not rest:
+        return kept
+    guard = ast.If(test=ast.Constant(False), body=rest, orelse=[])
+    return kept + [ast.fix_missing_locations(ast.copy_location(guard, rest[0]))]
 
 
 def run_as_module(code, module):

@@ -34,13 +34,24 @@ def _import_backend():
     return importlib.import_module(TARGET_MODULE)
 
 
+def _patched_in_class(cls):
+    """The class's methods the hotfix patched: under its wrapper, or running its compile."""
+    edit = sys.modules.get("sglang_hotfix_trtllm.code_edit")
+    edited = {
+        name
+        for (owner, name), state in (edit._edited.items() if edit is not None else ())
+        if owner is cls and state.function.__code__ is state.installed
+    }
+    return sorted({n for n, v in cls.__dict__.items() if type(v).__name__ == "HotfixWrapper"} | edited)
+
+
 def _describe(module):
     cls = module.TRTLLMHAAttnBackend
     attribute = cls.__dict__.get(METHOD)
     wrapped = getattr(attribute, "__wrapped__", None)
     return {
         "attribute_type": type(attribute).__name__ if attribute is not None else None,
-        "wrappers_in_class": sorted(n for n, v in cls.__dict__.items() if type(v).__name__ == "HotfixWrapper"),
+        "patched_in_class": _patched_in_class(cls),
         "wrapped_type": type(wrapped).__name__ if wrapped is not None else None,
         "wrapped_is_wrapper": hasattr(wrapped, "__wrapped__"),
         "wrapped_file": getattr(getattr(wrapped, "__code__", None), "co_filename", None),
@@ -150,6 +161,7 @@ def identity_and_cycles():
     module = _import_backend()
     cls = module.TRTLLMHAAttnBackend
     before = {name: value for name, value in cls.__dict__.items()}
+    codes_before = {name: getattr(value, "__code__", None) for name, value in before.items()}
     original = before[METHOD]
     signature_before = str(inspect.signature(cls.init_forward_metadata_capture_cuda_graph))
     os.environ.pop("SGLANG_HOTFIX_TRTLLM_DISABLE", None)
@@ -161,12 +173,20 @@ def identity_and_cycles():
     second = sglang_hotfix_trtllm.apply()
     engine.on_module_imported(module)  # as if the hook fired again
     after_second = cls.__dict__[METHOD]
-    changed = sorted(name for name, value in cls.__dict__.items() if before.get(name, object()) is not value)
+    changed = sorted(
+        name
+        for name, value in cls.__dict__.items()
+        if name in before and (before[name] is not value or getattr(value, "__code__", None) is not codes_before[name])
+    )
+    added = sorted(name for name in cls.__dict__ if name not in before)
     signature_after = str(inspect.signature(cls.init_forward_metadata_capture_cuda_graph))
     bound_signature_after = str(inspect.signature(object.__new__(cls).init_forward_metadata_capture_cuda_graph))
     restored = sglang_hotfix_trtllm.remove()
     after_remove = cls.__dict__[METHOD]
-    unchanged_after_remove = all(cls.__dict__.get(name) is value for name, value in before.items())
+    unchanged_after_remove = all(
+        cls.__dict__.get(name) is value and getattr(value, "__code__", None) is codes_before[name]
+        for name, value in before.items()
+    ) and sorted(cls.__dict__) == sorted(before)
     cycles = 0
     for _ in range(50):
         sglang_hotfix_trtllm.apply()
@@ -181,6 +201,7 @@ def identity_and_cycles():
         same_wrapper_after_second_apply=after_first is after_second,
         wrapped_is_original=after_first.__wrapped__ is original,
         changed=changed,
+        added=added,
         signature_before=signature_before,
         signature_after=signature_after,
         bound_signature_after=bound_signature_after,

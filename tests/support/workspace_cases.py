@@ -273,7 +273,8 @@ def load_module(release_dir, oracle=False, fixed_dir=None, mask_dir=None):
         )
         module.paged_kv_view = functions["paged_kv_view"]
     futures = [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "__future__"]
-    isolated_release.run_as_module(compile(ast.Module(body=futures + keep, type_ignores=[]), str(path), "exec"), module)
+    body = isolated_release.as_the_file_binds(tree, futures + keep)
+    isolated_release.run_as_module(compile(ast.Module(body=body, type_ignores=[]), str(path), "exec"), module)
     module._release_dir = release_dir
     return module
 
