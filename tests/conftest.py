@@ -302,8 +302,14 @@ def pytest_sessionstart(session):
     """On a run's controlling process (pytest-xdist's, or the only one), every release the tests
     read is fetched first, six at a time (``support/prefetch.py``: on a clean clone this was minutes
     of two processes downloading one wheel at a time). Nothing to do once the cache holds them."""
-    if hasattr(session.config, "workerinput"):
+    if hasattr(session.config, "workerinput") or os.environ.get("SGLANG_HOTFIX_PREFETCH") == "0":
         return
-    import prefetch
+    # The GPU tests (run alone on a machine without network) read no release from the cache.
+    if session.config.args and all("tests/gpu" in str(arg) for arg in session.config.args):
+        return
+    try:
+        import prefetch
 
-    prefetch.fetch_all()
+        prefetch.fetch_all()
+    except Exception as error:  # the tests that need a release then fetch it themselves, or fail saying why
+        print("prefetch of the releases failed: %s: %s" % (type(error).__name__, error), file=sys.stderr)

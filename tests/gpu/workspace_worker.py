@@ -222,12 +222,6 @@ class KVPool:
         return self.k, self.v
 
 
-def _fmha_v2_workspace(shared):
-    """What the record's repair gives fmha_v2 for the process's workspace (None: SGLang's own)."""
-    given = xqa_workspace.fmha_v2_workspace({"workspace_buffer": shared})["workspace_buffer"]
-    return None if given is shared else given
-
-
 def model_runner(pool, device, context_len, draft=False):
     return wc.model_runner(None, pool, draft, device=device, context_len=context_len, requests=32)
 
@@ -374,8 +368,10 @@ def run(arm, dry_run, workspace_mib, seed=20261202):
         "buffers": sorted(process.buffers),
         "target_is_shared": target.workspace_buffer is shared,
         "draft_is_shared": draft.workspace_buffer is shared,
+        # Since 0.14.0 the record runs 0.5.23's __init__: the backend holds upstream's view itself, in
+        # the record's arm as in the oracle's (and none as shipped).
         "fmha_v2_view_oracle": view_facts(getattr(target, "fmha_v2_workspace_buffer", None), shared),
-        "fmha_v2_view_record": view_facts(_fmha_v2_workspace(shared), shared),
+        "fmha_v2_view_record": view_facts(getattr(target, "fmha_v2_workspace_buffer", None), shared),
     }
 
     decodes = {}
