@@ -145,6 +145,16 @@ def _human(report, state):
     return "\n".join(lines) + "\n"
 
 
+def _edit_text(hotfix, report, assessment):
+    """For a record whose repair is an edit and that would patch here: the edit, as a diff."""
+    if hotfix.mechanism != "edit" or report.get("decision") != "patch" or not assessment.source_path:
+        return ""
+    from . import code_edit
+
+    diff = code_edit.edit_diff(hotfix, assessment.source_path)
+    return "the code it runs, against SGLang's:\n%s\n" % diff if diff else ""
+
+
 def status(arguments):
     from . import detect, status as state
 
@@ -171,7 +181,7 @@ def status(arguments):
             )
         reports.append(report)
         if arguments.verbose:  # the blocks are printed only on request
-            texts.append(_human(report, state))
+            texts.append(_human(report, state) + _edit_text(hotfix, report, assessment))
         worst = max(worst, code)
     if not any(report["sglang_installed"] for report in reports):
         diagnose(state.overall_headline(reports, worst))

@@ -770,6 +770,47 @@ def instances_without(cls, attributes):
     return count
 
 
+def edit_diff(hotfix, path):
+    """What the record's edits change, as a unified diff per method of the installed file's source
+    (as ``ast.unparse`` writes it) and the code the hotfix would run: for ``status --verbose``.
+    Reads the file only; "" where the edits do not fit it (the verdict says why)."""
+    import difflib
+
+    try:
+        with open(path, "rb") as handle:
+            tree = ast.parse(handle.read(), filename=path)
+    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+        return ""
+    classes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == hotfix.class_name]
+    if not classes:
+        return ""
+    texts = []
+    for name in dict.fromkeys(edit.method for edit in hotfix.edits):
+        nodes = [
+            n for n in classes[-1].body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name
+        ]
+        if not nodes:
+            return ""
+        edited = pickle.loads(pickle.dumps(nodes[-1]))
+        try:
+            for edit in hotfix.edits:
+                if edit.method == name:
+                    edit.apply(edited, tree)
+        except EditMismatch:
+            return ""
+        before = ast.unparse(nodes[-1]).splitlines()
+        after = ast.unparse(ast.fix_missing_locations(edited)).splitlines()
+        texts += difflib.unified_diff(
+            before,
+            after,
+            "%s.%s (SGLang's, %s)" % (hotfix.class_name, name, path),
+            "%s.%s (as the hotfix runs it: %s)" % (hotfix.class_name, name, hotfix.upstream),
+            n=1,
+            lineterm="",
+        )
+    return "\n".join(texts)
+
+
 def record_in_force(hotfix, cls):
     """``in_force`` for a record: every method its edits name runs its code."""
     return in_force(hotfix.name, cls, dict.fromkeys(edit.method for edit in hotfix.edits))

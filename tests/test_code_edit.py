@@ -442,3 +442,21 @@ def test_in_a_real_process_no_module_global_is_replaced_and_remove_restores_the_
     assert r["edited"] == ["forward_decode", "forward_extend"]
     assert r["added"] == ["AttentionType", "_sglang_hotfix_trtllm_warning_once"]
     assert r["added_after_remove"] == []
+
+
+def test_status_verbose_shows_each_edit_as_a_diff_of_sglangs_method():
+    """``status --verbose`` shows, for each record that would edit a method here, what the method
+    runs against SGLang's own (on 0.5.12: pr28144's scales, pr31667's packed query)."""
+    import os
+    import pathlib
+
+    cli = pathlib.Path(sys.executable).with_name("sglang-hotfix-trtllm")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_HOTFIX_TRTLLM")}
+    shown = subprocess.run([str(cli), "status", "--verbose"], capture_output=True, text=True, timeout=120, env=env)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    blocks = shown.stdout.split("the code it runs, against SGLang's:")
+    assert len(blocks) == 4  # pr28144, pr31667, encoder_only_mask on 0.5.12
+    assert "+    bmm1_scale, bmm2_scale = self._get_bmm_scales(layer, q_scale)" in blocks[1]
+    assert "-    q = q.reshape(-1, layer.tp_q_head_num, layer.head_dim)" in blocks[2]
+    assert "+    if self.is_xqa_impl:" in blocks[2]
+    assert "causal=layer.attn_type != AttentionType.ENCODER_ONLY" in blocks[3]

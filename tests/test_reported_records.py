@@ -9,9 +9,9 @@ substance: 0.5.21 with 0.5.22's statements or arguments put in by AST reads fixe
 of them left out it does not. An unrepairable release is said as such by ``status`` (NOT PROTECTED,
 exit 1, the record and the release that fixes it named); turned off by name, the bug is accepted
 and the first line says so, with exit 0. Mutation: every mutant of 0.5.14's and 0.5.21's
-``forward_extend`` is refused by both records (encoder_only_mask repairs 0.5.14 unmutated:
-test_mutants); a mutant of 0.5.22 that breaks one of the fix's statements is not called fixed by
-xqa_draft_extend.
+``forward_extend`` is refused by xqa_draft_extend (encoder_only_mask's refusals of the same
+mutants: test_mutants); a mutant of 0.5.22 that breaks one of the fix's statements is not called
+fixed by xqa_draft_extend.
 """
 
 import ast
@@ -166,7 +166,9 @@ def test_upstream_change_with_a_part_left_out_is_not_called_fixed(name, left_out
 MUTATED = {"0.5.14": 160, "0.5.21": 420}
 
 
-@pytest.mark.parametrize("name", sorted(RECORDS))
+# encoder_only_mask's mutants of the same method on 0.5.14 and 0.5.21 are test_mutants' (the same
+# generator, every one refused there): xqa_draft_extend's here.
+@pytest.mark.parametrize("name", ["xqa_draft_extend"])
 @pytest.mark.parametrize("release", sorted(MUTATED))
 def test_every_mutant_of_a_release_with_the_bug_is_refused(name, release):
     record = RECORDS[name]

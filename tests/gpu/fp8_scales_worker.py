@@ -199,15 +199,16 @@ def main():
     # The records run upstream's code compiled into SGLang's own forward_decode (0.14.0): the function
     # stays SGLang's, its code is the hotfix's compile, and the module's `flashinfer` is FlashInfer.
     import sglang_hotfix_trtllm
-    from sglang_hotfix_trtllm import code_edit
 
     own_flashinfer = backend_module.flashinfer
     sglang_hotfix_trtllm.apply()
     decode = backend_module.TRTLLMHAAttnBackend.__dict__["forward_decode"]
     decode_type = type(decode).__name__
-    edited = any(
-        state.function is decode and state.function.__code__ is state.installed for state in code_edit._edited.values()
-    )
+    from sglang_hotfix_trtllm import patch
+    from sglang_hotfix_trtllm.records import pr28144
+
+    # pr28144 itself in force (with it off by name, pr31667 may still edit forward_decode on 0.5.12).
+    edited = patch.is_patched(pr28144.HOTFIX, backend_module.TRTLLMHAAttnBackend)
     generator = torch.Generator().manual_seed(0)
     results = {name: run_case(backend_module, ForwardMode, name, device, generator) for name in CASES}
     gate = (
