@@ -118,14 +118,14 @@ class NewName(Value):
 
 class EditedMethod:
     """One method whose code this process changed: the function (its identity never changes), the
-    original code object (put back by identity), the code installed now and the records whose
-    edits it holds, in the order applied."""
+    original code object (put back by identity), the code installed now, the records whose edits
+    it holds, in the order applied, and the file's bytes its proof read (every later compile of
+    it uses them)."""
 
-    __slots__ = ("cls_ref", "name", "function", "original", "installed", "records", "edits", "path", "data")
+    __slots__ = ("function", "original", "installed", "records", "edits", "data")
 
-    def __init__(self, cls, name, function, path, data):
-        self.cls_ref = weakref.ref(cls)
-        self.name, self.function, self.path, self.data = name, function, path, data
+    def __init__(self, function, data):
+        self.function, self.data = function, data
         self.original = self.installed = function.__code__
         self.records = ()
         self.edits = {}  # record -> its Edits of this method: a later record's compile re-applies them
@@ -570,7 +570,7 @@ def put_in_force(record, module, class_name, path, edits, new_names=()):
             problem = proof_problem(function, target, path, data, class_name, name)
             if problem:
                 raise NotEditable(problem)
-            methods.append((name, EditedMethod(cls, name, function, path, data)))
+            methods.append((name, EditedMethod(function, data)))
         # Every method is compiled from the one content that was proven (a method edited before keeps
         # the content its proof read: a file changed between two records cannot mix into one compile).
         contents = {state.data for _, state in methods if state.data is not None} | ({data} if data else set())

@@ -380,17 +380,24 @@ for name in ("forward_decode", "forward_extend", "__init__", "_fused_fp8_set_kv_
 """
 
 
-def test_sglangs_installed_methods_are_proven_to_be_their_files_code():
-    """SGLang 0.5.12 imported as a server imports it (hook off, so its methods are SGLang's own):
-    each method a record edits is proven the installed file's code."""
+def _with_the_hook_off(script):
+    """``script`` run in a fresh interpreter of this environment with the hotfix disabled at start
+    (its methods are SGLang's own until the script applies it); the finished process."""
     result = subprocess.run(
-        [sys.executable, "-c", INSTALLED_PROOF],
+        [sys.executable, "-c", script],
         capture_output=True,
         text=True,
         timeout=300,
         env=dict(__import__("os").environ, SGLANG_HOTFIX_TRTLLM_DISABLE="1"),
     )
     assert result.returncode == 0, result.stderr[-2000:]
+    return result
+
+
+def test_sglangs_installed_methods_are_proven_to_be_their_files_code():
+    """SGLang 0.5.12 imported as a server imports it (hook off, so its methods are SGLang's own):
+    each method a record edits is proven the installed file's code."""
+    result = _with_the_hook_off(INSTALLED_PROOF)
     lines = [line for line in result.stdout.splitlines() if line.split(" ")[0] in INSTALLED_PROOF]
     assert lines == [
         "forward_decode None",
@@ -428,14 +435,7 @@ def test_in_a_real_process_no_module_global_is_replaced_and_remove_restores_the_
     replaced (upstream's new names are added: pr28144's warning helper, 0.5.22's AttentionType
     import), forward_decode and forward_extend stay SGLang's function objects running the hotfix's
     compile, and remove() puts back the identical code objects and takes the added names away."""
-    result = subprocess.run(
-        [sys.executable, "-c", IN_A_REAL_PROCESS],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(__import__("os").environ, SGLANG_HOTFIX_TRTLLM_DISABLE="1"),
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
+    result = _with_the_hook_off(IN_A_REAL_PROCESS)
     (line,) = [line for line in result.stdout.splitlines() if line.startswith("RESULT:")]
     r = __import__("json").loads(line[len("RESULT:") :])
     assert r["replaced"] == [] and r["same_functions"] and r["restored"]
