@@ -105,45 +105,87 @@ def _load_import_hook(subject):
     return import_hook
 
 
-def without_import_lock(function, *args):
-    """``function(*args)`` with the global import lock let go, if this thread holds it, and taken
-    back as often after. importlib holds that lock while it asks each meta-path finder
-    (``_find_spec``), and an import needs a module's own lock *before* the global one
-    (``_find_and_load``): a finder that imports while holding the global lock waits for a thread
-    importing the same module, which waits for the global lock: both hang (issue 36, item 7). So
-    the hook's imports run without it, as any import outside a finder does."""
-    import _imp
+def exec_watched(loader, module):
+    """Run a watched module's code with its own ``loader``, then hand the module to the engine.
 
-    held = 0
-    try:
-        while _imp.lock_held():
-            _imp.release_lock()  # RuntimeError when another thread holds it: nothing of ours to let go
-            held += 1
-    except RuntimeError:
-        pass
-    try:
-        return function(*args)
-    finally:
-        while held:
-            _imp.acquire_lock()
-            held -= 1
+    The finder's loader calls this from its ``exec_module``, where importlib holds the module's own
+    lock and not its global one, so the hook and the engine are imported here as any import is
+    (issue 49: a finder that imports inside a lookup, where importlib holds the global lock, has to
+    let go of a lock it did not take). The hook is loaded *before* SGLang's code runs, so that strict
+    mode's ImportError stops the import before anything of the backend executed; a hook that cannot
+    load costs one line and the module runs unpatched."""
+    name = module.__name__
+    hook = _load_import_hook(name)
+    loader.exec_module(module)
+    _AfterImport.pending.discard(name)  # apply() ran while it executed: handed over here, once
+    if hook is not None:
+        hook.module_executed(module, name)
 
 
-def find_spec(fullname, path=None, target=None):
-    """Meta-path finder: None for all but the watched modules; for those, the
-    regular spec with a loader that hands the module to the engine once run.
-    The disable switch is read here, at the lookup, because the ``.pth``
-    finder is armed without reading the environment."""
-    if fullname not in WATCHED_MODULES or switch_on(DISABLE_VARIABLE):
-        return None
-    return without_import_lock(_spec_from_the_hook, fullname, path, target)
+# What the finder runs when a watched module is looked up, with its arguments as ``a`` and the
+# finder's own globals as ``D``, in a dictionary of its own for each lookup: nothing passes between
+# two lookups but the thread-local set of names this thread is looking up (``D['t']``), so two
+# threads looking the backend up at once each get their own spec (issue 49: a dictionary shared by
+# every lookup lost one thread's spec to another's, and the backend ran unpatched). It imports
+# nothing that is not loaded (``sys``, ``_thread`` and ``os`` are, at every start), takes no lock
+# and lets none go: it asks the other finders for the real spec, as wrapt's finder does, and gives
+# it a loader whose ``exec_module``, run under the module's own lock, loads this module and calls
+# ``exec_watched``. A nested lookup of the same name by this thread (another finder calling
+# ``importlib.util.find_spec``) gets None; every copy of this finder is skipped. With the disable
+# switch on it answers None and nothing of the hotfix loads. A startup module that cannot load
+# costs one line, written to descriptor 2 for the reason ``write_stderr`` gives, and the module
+# runs unpatched. Compiled only at a watched lookup; read at every start (the .pth line holds it),
+# so it stays short.
+_LOOKUP = (
+    "import sys,os,_thread\n"
+    "n,p,t=a\n"
+    "spec=None\n"
+    "w=D.get('t') or D.setdefault('t',_thread._local())\n"
+    "w=w.__dict__.setdefault('n',set())\n"
+    "if n not in w and os.environ.get(%(disable)r,'').strip().lower() not in %(true)r:\n"
+    " w.add(n)\n"
+    " try:\n"
+    "  for f in list(sys.meta_path):\n"
+    "   if getattr(f,%(mark)r,0) is True or not hasattr(f,'find_spec'):continue\n"
+    "   spec=f.find_spec(n,p,t)\n"
+    "   if spec is not None:break\n"
+    " finally:w.discard(n)\n"
+    " if spec is not None and hasattr(spec.loader,'exec_module'):\n"
+    "  class HotfixLoader:\n"
+    "   def __init__(s,l):s.l=l\n"
+    "   def __getattr__(s,k):\n"
+    "    if k=='l':raise AttributeError(k)\n"
+    "    return getattr(s.l,k)\n"
+    "   def create_module(s,c):return s.l.create_module(c)\n"
+    "   def exec_module(s,m):\n"
+    "    m.__loader__=s.l\n"
+    "    if getattr(m,'__spec__',None) is not None:m.__spec__.loader=s.l\n"
+    "    try:from sglang_hotfix_trtllm_autoload import exec_watched as x\n"
+    "    except Exception as e:\n"
+    "     x=None\n"
+    "     try:os.write(2,('sglang-hotfix-trtllm: startup module failed (%%r); %%s is imported unpatched."
+    " Reinstall sglang-hotfix-trtllm or delete its .pth file\\n'%%(e,m.__name__)).encode())\n"
+    "     except Exception:pass\n"
+    "    if x:x(s.l,m)\n"
+    "    else:s.l.exec_module(m)\n"
+    "  spec.loader=HotfixLoader(spec.loader)"
+) % {"disable": DISABLE_VARIABLE, "true": TRUE_VALUES, "mark": FINDER_MARK}
 
 
-def _spec_from_the_hook(fullname, path, target):
-    hook = _load_import_hook(fullname)
-    return None if hook is None else hook.find_spec(fullname, path, target)
+def _finder_text():
+    """The finder, one lambda: None for every module name but the watched ones; for those, the spec
+    ``_LOOKUP`` leaves, from a dictionary made for this lookup alone. It carries the finder
+    protocol's parameter names and defaults, so that a caller passing them by keyword is served."""
+    watched = " and ".join("fullname!=%r" % name for name in sorted(WATCHED_MODULES))
+    return (
+        "lambda fullname,path=None,target=None:None if %s else "
+        "(lambda d:exec(G,d)or d['spec'])({'a':(fullname,path,target),'D':globals()})" % watched
+    )
 
 
+# This module's copy of the finder, which ``install`` arms where the .pth line did not (``python
+# -S``, a plugin entry point, ``apply()``): the same text, so both copies behave alike.
+find_spec = eval(_finder_text(), {"G": _LOOKUP})
 find_spec.find_spec = find_spec
 setattr(find_spec, FINDER_MARK, True)
 
@@ -175,7 +217,7 @@ def install():
         if module is None:
             continue
         if _initializing(module):
-            _AfterImport.watch(name)
+            _AfterImport.watch(module)
             continue
         hook = _load_import_hook(name)
         if hook is not None:
@@ -192,102 +234,86 @@ def _initializing(module):
 
 
 class _AfterImport:
-    """A finder that answers None to every lookup and, at each, hands the
-    watched modules whose import has completed since to the engine. It is
-    armed only when ``install`` found a watched module half-executed; the next
-    import of anything after that (SGLang imports on) is the first moment the
-    module is whole. It never edits ``sys.meta_path`` from inside a lookup (the
-    import system is iterating that list: removing an entry would make it skip
-    the next finder); once nothing is pending it stays, answering None at the
-    cost of one call, until ``uninstall``. If the module's import fails, the
-    module is forgotten. When the import hook's own loader ran the module, the
-    loader hands it over itself and takes it off ``pending`` first."""
+    """Hands a watched module that ``install`` found half-executed to the engine once its import
+    has completed: at the moment importlib marks its spec no longer initialising (the ``finally``
+    of ``_load_unlocked``, where importlib holds the module's own lock and not its global one, so
+    the engine imports as any import does). For that moment the spec's class is a subclass of its
+    own whose ``_initializing`` is a property; the setter puts the class back before anything else.
+    If the import fails (the module is no longer in ``sys.modules``) it is forgotten. When the
+    finder's own loader ran the module, ``exec_watched`` hands it over and takes it off ``pending``
+    first, so a module is handed over once. It never edits ``sys.meta_path``: the import system may
+    be iterating that list."""
 
     pending = set()
 
     @classmethod
-    def watch(cls, name):
-        cls.pending.add(name)
-        if cls not in sys.meta_path:
-            sys.meta_path.insert(0, cls)
-
-    @classmethod
-    def find_spec(cls, fullname, path=None, target=None):
-        if not cls.pending:
-            return None
-        done = []
-        for name in list(cls.pending):
-            module = sys.modules.get(name)
-            if module is not None and _initializing(module):
-                continue
-            try:
-                cls.pending.remove(name)  # one thread wins each name: handed over once
-            except KeyError:
-                continue
-            if module is not None:
-                done.append((name, module))
-        if done:
-            without_import_lock(_hand_over, done)  # it imports the engine (see without_import_lock)
-        return None
+    def watch(cls, module):
+        spec = module.__spec__
+        cls.pending.add(module.__name__)
+        original = type(spec)
+        if getattr(original, "_sglang_hotfix_trtllm_after_import", False):
+            return
+        try:
+            spec.__class__ = type(
+                original.__name__,
+                (original,),
+                {"_initializing": _Completion(original), "_sglang_hotfix_trtllm_after_import": True},
+            )
+        except Exception as error:  # a spec whose class cannot be changed: said, and left to the next install()
+            cls.pending.discard(module.__name__)
+            _say(
+                "%s is still being imported and cannot be patched now (%s); it runs unpatched."
+                % (module.__name__, error)
+            )
 
 
-def _hand_over(done):
-    for name, module in done:
-        hook = _load_import_hook(name)
-        if hook is not None:
-            hook.module_executed(module, name)
+class _Completion:
+    """The ``_initializing`` of a watched spec while ``_AfterImport`` waits for its import to end."""
+
+    def __init__(self, original):
+        self.original = original
+
+    def __get__(self, spec, owner=None):
+        if spec is None:
+            return self
+        return spec.__dict__.get("_initializing", False)
+
+    def __set__(self, spec, value):
+        spec.__dict__["_initializing"] = value
+        if value:
+            return
+        spec.__class__ = self.original
+        name = spec.name
+        module = sys.modules.get(name)
+        if name not in _AfterImport.pending:
+            return
+        _AfterImport.pending.discard(name)
+        if module is not None and getattr(module, "__spec__", None) is spec:
+            hook = _load_import_hook(name)
+            if hook is not None:
+                hook.module_executed(module, name)
 
 
 def uninstall():
     """Disarm the hook (every copy of it): later imports of watched modules are not patched."""
     _AfterImport.pending.clear()
-    sys.meta_path[:] = [finder for finder in sys.meta_path if not is_finder(finder) and finder is not _AfterImport]
+    sys.meta_path[:] = [finder for finder in sys.meta_path if not is_finder(finder)]
 
 
 def is_installed():
     return any(is_finder(finder) for finder in sys.meta_path)
 
 
-# What the .pth finder runs when a watched module is looked up: load this
-# module (the failure of that is the only one caught: strict mode's ImportError
-# from ``find_spec`` must reach the importer) and ask its ``find_spec``, with
-# the global import lock let go meanwhile and taken back after, as often as
-# this thread held it (``without_import_lock`` says why; this string cannot
-# call it before it has imported this module). ``args``
-# holds the finder's arguments; ``spec`` comes back through the finder's own
-# dictionary. Every character here is read at each start (the .pth line holds
-# it), so it stays short; its one line goes to descriptor 2 with os.write, for
-# the reason ``write_stderr`` gives.
-_LOOKUP = (
-    "global spec\n"
-    "import _imp\n"
-    "n=0\n"
-    "try:\n"
-    " while _imp.lock_held():_imp.release_lock();n+=1\n"
-    "except RuntimeError:pass\n"
-    "try:\n"
-    " try:from sglang_hotfix_trtllm_autoload import find_spec as f\n"
-    " except Exception as e:\n"
-    "  f=None\n"
-    "  try:import os;os.write(2,('sglang-hotfix-trtllm: startup module failed (%r); %s is imported unpatched."
-    " Reinstall sglang-hotfix-trtllm or delete its .pth file\\n'%(e,args[0])).encode())\n"
-    "  except Exception:pass\n"
-    " spec=f and f(*args)\n"
-    "finally:\n"
-    " while n:_imp.acquire_lock();n-=1"
-)
-
-
 def startup_line():
     """The line of ``sglang_hotfix_trtllm.pth`` (a test holds the shipped file to it).
 
     Unless a marked finder is armed already (site reads this file twice in a
-    venv), a lambda, evaluated with globals of its own that hold ``_LOOKUP`` as
-    ``G`` (globals holding site's namespace would keep it alive to the end,
-    which costs more than the eval), gets ``find_spec`` and ``FINDER_MARK`` as
-    attributes and goes first on ``sys.meta_path``. site runs the line with
-    ``exec`` in its ``addpackage``, whose locals it only sees as a snapshot:
-    the names the line binds (``sys``, ``_f``) go nowhere else.
+    venv), the finder (``_finder_text``), evaluated with globals of its own that
+    hold ``_LOOKUP`` as ``G`` (globals holding site's namespace would keep it
+    alive to the end, which costs more than the eval), gets ``find_spec`` and
+    ``FINDER_MARK`` as attributes and goes first on ``sys.meta_path``. site runs
+    the line with ``exec`` in its ``addpackage``, whose locals it only sees as a
+    snapshot: the names the line binds (``sys``, ``_f``) go nowhere else.
 
     Every token here is compiled at every start, twice in a venv
     (docs/costs.md): the "already armed?" test is a list comprehension (inlined
@@ -300,13 +326,11 @@ def startup_line():
     instructions a start, 0.3 %, in every process, which is more than this
     line may cost (decided in 0.4.0; docs/design.md, Limits).
     """
-    # The finder protocol's parameter names and defaults, so that a caller passing them by keyword is served.
-    watched = " and ".join("fullname!=%r" % name for name in sorted(WATCHED_MODULES))
-    finder = (
-        "lambda fullname,path=None,target=None,g={}:None if %s else exec(G,g,{'args':(fullname,path,target)})"
-        "or g.pop('spec',None)" % watched
+    arm = "_f=eval(%r,{'G':%r});_f.find_spec=_f;_f.%s=True;sys.meta_path.insert(0,_f)" % (
+        _finder_text(),
+        _LOOKUP,
+        FINDER_MARK,
     )
-    arm = "_f=eval(%r,{'G':%r});_f.find_spec=_f;_f.%s=True;sys.meta_path.insert(0,_f)" % (finder, _LOOKUP, FINDER_MARK)
     return "import sys;any([getattr(f,%r,0)is True for f in sys.meta_path])or exec(%r)" % (FINDER_MARK, arm)
 
 

@@ -557,7 +557,7 @@ def test_the_startup_finder_speaks_the_finder_protocol_by_keyword(tmp_path):
     )
     ran = run_python(["-c", code], cwd=tmp_path, env=clean_env(PYTHONPATH=_watched_stand_in(tmp_path)))
     assert ran.returncode == 0, ran
-    assert ran.result == [True, True, True, False, "PatchAfterExecLoader"]
+    assert ran.result == [True, True, True, False, "HotfixLoader"]
 
 
 APPLY_DURING_IMPORT = "import sglang_hotfix_trtllm\nARMED = sglang_hotfix_trtllm.apply()\n"
