@@ -732,26 +732,50 @@ def put_record_in_force(hotfix, module, assessment):
     "wrapped" (its code now runs) or "already", as ``patch.wrap`` answers for a wrapper."""
     if not assessment.source_path:
         raise NotEditable("%s has no source file to compile upstream's change from" % hotfix.module)
-    if hotfix.made_at_construction:
-        cls = defining_class(module, hotfix.class_name)
-        if cls is not None and not in_force(hotfix.name, cls, dict.fromkeys(e.method for e in hotfix.edits)):
-            built = instances_without(cls, hotfix.made_at_construction)
-            if built:
-                raise NotEditable(
-                    "%d %s object(s) built before the record was in force are alive, without %s, which upstream's "
-                    "code reads: the record stands aside in this process (start it with the hotfix installed)"
-                    % (built, hotfix.class_name, ", ".join(hotfix.made_at_construction))
-                )
+    cls = defining_class(module, hotfix.class_name)
+    if cls is not None and not in_force(hotfix.name, cls, dict.fromkeys(e.method for e in hotfix.edits)):
+        refuse_when_built_before(hotfix, cls)
     outcome = put_in_force(
         hotfix.name, module, hotfix.class_name, assessment.source_path, hotfix.edits, hotfix.new_names
     )
     return "wrapped" if outcome == "edited" else "already"
 
 
-def instances_without(cls, attributes):
-    """How many live instances of ``cls`` (or a subclass) lack one of ``attributes``. Asked once, when
-    a record that needs them is put in force after its module was imported (a scan of the objects
-    the garbage collector tracks; an instance refers to its class)."""
+def refuse_when_built_before(hotfix, cls, built_under=()):
+    """Raise NotEditable when the record repairs construction (it changes ``__init__``, by edit or
+    wrapper) and objects of ``cls`` built by the release's ``__init__`` are alive: they keep what it
+    made (pr25103: a draft's target pool; xqa_workspace: no fmha_v2 view, which upstream's
+    ``forward_extend`` reads). Rather than say "patched" of a process that runs such objects (issue
+    49, item 2), the record stands aside in it and says why; a process started with the hotfix
+    installed builds none. An object counts as built under the record when it holds every one of
+    ``Hotfix.made_at_construction`` (what upstream's edited ``__init__`` makes) or is in
+    ``built_under`` (the objects a wrapper of ``__init__`` repaired: ``patch``)."""
+    changes = [edit.method for edit in hotfix.edits] or list(hotfix.method_names)
+    if "__init__" not in changes:
+        return
+    made = hotfix.made_at_construction
+
+    def built_by_the_release(instance):
+        if made and all(name in getattr(instance, "__dict__", {}) for name in made):
+            return False
+        try:
+            return instance not in built_under
+        except TypeError:  # not weakly referenceable, so never recorded
+            return True
+
+    built = sum(1 for instance in live_instances(cls) if built_by_the_release(instance))
+    if built:
+        raise NotEditable(
+            "%d %s object(s) built before the record was in force are alive and keep what the release's __init__ "
+            "made: the record stands aside in this process (start it with the hotfix installed)"
+            % (built, hotfix.class_name)
+        )
+
+
+def live_instances(cls):
+    """The live instances of ``cls`` (or a subclass). Asked once, when a record that changes
+    ``__init__`` is put in force after its module was imported (a scan of the objects the garbage
+    collector tracks; an instance refers to its class)."""
     import gc
 
     classes, stack = set(), [cls]
@@ -760,14 +784,9 @@ def instances_without(cls, attributes):
         if current not in classes:
             classes.add(current)
             stack.extend(type.__subclasses__(current))
-    count = 0
-    for candidate in classes:
-        for referrer in gc.get_referrers(candidate):
-            if type(referrer) is candidate and any(
-                name not in getattr(referrer, "__dict__", {}) for name in attributes
-            ):
-                count += 1
-    return count
+    return [
+        referrer for candidate in classes for referrer in gc.get_referrers(candidate) if type(referrer) is candidate
+    ]
 
 
 def edit_diff(hotfix, path):

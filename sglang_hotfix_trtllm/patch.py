@@ -234,6 +234,8 @@ def wrap(hotfix, module, assessment):
             problem = _check_wrappable(hotfix, name, current, assessment) if wrapper is None else None
             if problem:
                 raise NotWrappable(problem)
+        if all(wrapper is None for wrapper in ours):
+            code_edit.refuse_when_built_before(hotfix, cls, _built_under.get(hotfix.name, ()))  # NotWrappable's base
         resumed = _resume(hotfix, [wrapper for wrapper in ours if wrapper is not None])
         fresh = False
         for (name, current), wrapper in zip(found, ours):
@@ -241,7 +243,12 @@ def wrap(hotfix, module, assessment):
                 continue
             joined = Joined()
             entry = Applied(cls, hotfix, name, current, joined)
-            wrapper = HotfixWrapper(current, functools.partial(hotfix.wrapper, module), enabled=joined)
+            call = functools.partial(hotfix.wrapper, module)
+            if name == "__init__":
+                call = functools.partial(
+                    _noting_construction, call, _built_under.setdefault(hotfix.name, weakref.WeakSet())
+                )
+            wrapper = HotfixWrapper(current, call, enabled=joined)
             wrapper._self_joined = joined
             wrapper._self_method_name = name
             entry.wrapper = wrapper
@@ -249,6 +256,21 @@ def wrap(hotfix, module, assessment):
             _applied.append(entry)
             fresh = True
         return "wrapped" if fresh or resumed else "already"
+
+
+# Record name -> the objects its wrapper of ``__init__`` built: they were made as upstream makes
+# them, so a later apply() (after remove()) need not stand aside for them
+# (``code_edit.refuse_when_built_before``).
+_built_under = {}
+
+
+def _noting_construction(call, built, wrapped, instance, args, kwargs):
+    outcome = call(wrapped, instance, args, kwargs)
+    try:
+        built.add(instance)
+    except TypeError:  # an object that cannot be weakly referenced is never counted as repaired
+        pass
+    return outcome
 
 
 def _resume(hotfix, ours):

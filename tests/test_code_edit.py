@@ -460,3 +460,56 @@ def test_status_verbose_shows_each_edit_as_a_diff_of_sglangs_method():
     assert "-    q = q.reshape(-1, layer.tp_q_head_num, layer.head_dim)" in blocks[2]
     assert "+    if self.is_xqa_impl:" in blocks[2]
     assert "causal=layer.attn_type != AttentionType.ENCODER_ONLY" in blocks[3]
+
+
+RELOADED_AND_MOCKED = """
+import importlib, json, sys
+from unittest import mock
+import sglang.srt.layers.attention.trtllm_mha_backend as m
+import sglang_hotfix_trtllm
+from sglang_hotfix_trtllm import patch, process_state
+from sglang_hotfix_trtllm.records import catalog
+records = [h for h in catalog.HOTFIXES if h.edits]
+def told(cls):  # what the process says, record by record
+    return sorted(h.name for h in records if patch.is_patched(h, cls))
+def runs(cls):  # what runs: the methods whose code is not the file's
+    return sorted(n for n in ("forward_decode", "forward_extend", "_fused_fp8_set_kv_buffer", "__init__")
+        if cls.__dict__[n].__code__.co_code != codes[n])
+import sglang_hotfix_trtllm.code_edit as ce
+fresh = ce.fresh_module_code(open(m.__file__, "rb").read(), m.__file__)
+codes = {}
+for c in fresh.co_consts:
+    if getattr(c, "co_name", None) == "TRTLLMHAAttnBackend":
+        for f in c.co_consts:
+            if hasattr(f, "co_code"):
+                codes[f.co_name] = f.co_code
+Old = m.TRTLLMHAAttnBackend
+before = told(Old), runs(Old)
+importlib.reload(m)
+New = m.TRTLLMHAAttnBackend
+after = dict(old=[told(Old), runs(Old)], new=[told(New), runs(New)], state=sorted(
+    n for n, r in process_state._records.items() if r["patched"]))
+sglang_hotfix_trtllm.remove()
+with mock.patch.object(New, "forward_decode", autospec=True, side_effect=New.forward_decode) as fake:
+    sglang_hotfix_trtllm.apply()
+    mocked = told(New)
+print("RESULT:" + json.dumps(dict(before=before, after=after, mocked=mocked)))
+"""
+
+
+def test_a_reloaded_backend_and_a_mocked_method_are_told_as_they_run():
+    """Issue 49, item 2: after ``importlib.reload`` of the backend (0.13.1: the old class's
+    instances ran unrepaired while the state said patched), the old class and the new one each run
+    upstream's code and the process says so; an ``apply()`` under ``mock.patch.object(...,
+    autospec=True)`` says of each record what reaches the kernel (0.13.1 said pr28144 ran unpatched
+    while its repair reached the kernel)."""
+    result = subprocess.run([sys.executable, "-c", RELOADED_AND_MOCKED], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("RESULT:")]
+    r = __import__("json").loads(line[len("RESULT:") :])
+    edit_records = ["encoder_only_mask", "pr28144", "pr31667"]  # 0.5.12's edit records
+    edited = ["forward_decode", "forward_extend"]
+    assert r["before"] == [edit_records, edited]
+    assert r["after"]["old"] == [edit_records, edited] and r["after"]["new"] == [edit_records, edited]
+    assert set(edit_records) <= set(r["after"]["state"])
+    assert "pr28144" not in r["mocked"] and "pr31667" not in r["mocked"]  # forward_decode is the mock's

@@ -7,6 +7,7 @@ pools (``swa_cases``), unpatched and patched, against SGLang 0.5.13's
 releases: as in test_releases.py (``SGLANG_HOTFIX_RELEASES``).
 """
 
+import gc
 import types
 
 import pytest
@@ -118,7 +119,6 @@ def test_patched_backend_reads_what_0_5_13_reads_in_every_case(release, upstream
     original_init = cls.__dict__["__init__"]
     with_cache_loc = hasattr(cls, "_get_layer_cache_loc")
     cases = swa_cases.cases(release_selection.release_dir("0.5.11"))
-    unpatched = {name: cls(runner) for name, (world, runner) in cases.items()}
     # The plugin's real path: the engine's handler, as the import hook calls it.
     assert engine.handle(HOTFIX, module) == "patched"
     try:
@@ -126,6 +126,7 @@ def test_patched_backend_reads_what_0_5_13_reads_in_every_case(release, upstream
     finally:
         patch.remove_all()
     assert cls.__dict__["__init__"] is original_init
+    unpatched = {name: cls(runner) for name, (world, runner) in cases.items()}
 
     wrong_unpatched = set()
     for name, (world, runner) in cases.items():
@@ -154,6 +155,30 @@ def test_unpatched_eagle3_draft_reads_the_targets_sliding_window_slots():
     reads = swa_cases.reads(backend, module.TRTLLMHAAttnBackend, world, runner)[0]
     true_slots = world.req_to_token[:, : max(swa_cases.REQUEST_LENGTHS)].to(torch.int64)
     assert not torch.equal(reads["page_table"], true_slots)
+
+
+def test_a_draft_backend_built_before_a_late_apply_makes_the_record_stand_aside(caplog):
+    """Issue 49, item 2: an EAGLE3 draft backend built before ``apply()`` keeps the target's
+    sliding-window pool (the release's ``__init__`` made it); 0.13.1 said "patched" and PROTECTED.
+    The record now stands aside while such a backend lives, says why, and the process's record says
+    it is not patched; once the backend is gone, it goes in force."""
+    from sglang_hotfix_trtllm import process_state
+
+    module = swa_cases.load_backend_module(release_selection.release_dir("0.5.12"))
+    world, runner = swa_cases.cases(release_selection.release_dir("0.5.11"))["eagle3_draft"]
+    early = module.TRTLLMHAAttnBackend(runner)
+    try:
+        with caplog.at_level("WARNING", logger="sglang_hotfix_trtllm"):
+            assert engine.handle(HOTFIX, module) == "refused"
+        assert "1 TRTLLMHAAttnBackend object(s) built before the record was in force" in caplog.text
+        noted = process_state._records["pr25103"]
+        assert noted["patched"] is False and "built before the record was in force" in noted["why"]
+        assert early._swa_kv_pool is world.target_pool  # what the release made, kept: the bug
+        del early
+        gc.collect()
+        assert engine.handle(HOTFIX, module) == "patched"
+    finally:
+        patch.remove_all()
 
 
 VARIANTS = {  # name -> (text in 0.5.12's file, what replaces it)
