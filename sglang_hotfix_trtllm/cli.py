@@ -25,25 +25,32 @@ SWITCHES_HELP = """environment variables read:
   SGLANG_HOTFIX_TRTLLM_DISABLE=1   the hotfix does nothing
   SGLANG_HOTFIX_TRTLLM_DISABLE=pr25103  the records named (comma-separated) do nothing, the others apply
   SGLANG_HOTFIX_TRTLLM_STRICT=1    an import the hotfix cannot patch is stopped
+  SGLANG_HOTFIX_TRTLLM_ACCEPT=xqa_draft_extend  status: the bugs of the records named that cannot be repaired
+                                   here are still named, and do not fail the check (exit 0, not 1)
+  SGLANG_HOTFIX_TRTLLM_STATE_DIR=DIR  where each process records what the hotfix did (status --pid reads it);
+                                   default /tmp/sglang-hotfix-trtllm-UID
   SGLANG_PLUGINS=a,b               SGLang's plugin allowlist; without sglang_hotfix_trtllm the hotfix stands aside"""
 
 STATUS_HELP = (
     """exit status:
-  0  protected, or nothing to do (fixed, not-applicable)
+  0  protected, or nothing to do (fixed, not-applicable, or unrepairable and accepted by --accept)
   1  affected, but a Python process started now would run it unpatched (disabled, excluded, no loader),
-     or a bug the record recognises but cannot repair exactly here (unrepairable)
+     or a bug the record recognises but cannot repair exactly here (unrepairable), not accepted
   2  the hotfix would refuse: unknown code, or wrapt missing or broken; or this Python has no SGLang
      (the plugin installed with another interpreter's pip)
-  3  --source names a path that cannot be examined (missing, not a Python source file, no backend
-     file in it, unreadable), or a part of the folder cannot be read: the verdicts of what could be
-     read are still printed
+  3  cannot tell: --source names a path that cannot be examined (missing, not a Python source file, no
+     backend file in it, unreadable), or a part of the folder cannot be read (the verdicts of what could
+     be read are still printed); --pid names no running process, or one whose state cannot be read
+  64 bad arguments (usage on stderr)
 with --source, 0 to 2 answer for the code read, as if the plugin were installed by pip where it runs:
   0  every file would be protected or has nothing to do; 1  a file has a bug a record recognises but
   cannot repair; 2  a file's code is not recognised. The first line says it in the same words
-with --pid PID, 0 to 2 answer for that running process, from what it recorded (SGLANG_HOTFIX_TRTLLM_STATE_DIR,
-else /tmp/sglang-hotfix-trtllm-UID): 0  patched, or nothing to do there; 1  a bug runs unpatched there (turned
-off, remove() called, started before the install, unrepairable); 2  the hotfix refused there; 3  no such process.
---processes: every SGLang process here, the first line the worst of them
+with --pid PID, for that running process, from what it recorded (SGLANG_HOTFIX_TRTLLM_STATE_DIR, else
+/tmp/sglang-hotfix-trtllm-UID): 0  patched, or nothing to do there (seen, not assumed); 1  a bug runs
+unpatched there (turned off, remove() called, started before the install, unrepairable); 2  the hotfix
+refused there; 3  CANNOT TELL: no such process, its state unreadable (another user's: ask as root), or it
+recorded nothing and nothing seen says why. A process that started SGLang processes answers for them.
+--processes: every SGLang process here, the first line the worst of them (2, then 1, then 3, then 0)
 
 """
     + SWITCHES_HELP
@@ -158,10 +165,16 @@ def _edit_text(hotfix, report, assessment):
 def status(arguments):
     from . import detect, status as state
 
+    if arguments.accept:  # the same as the variable, for this status only (merged with it)
+        from .switches import ACCEPT
+
+        os.environ[ACCEPT] = ",".join(filter(None, [os.environ.get(ACCEPT, "")] + arguments.accept))
+    if arguments.json and arguments.verbose:
+        diagnose("status: --verbose adds nothing to --json, which holds every key of every record")
     if arguments.pid is not None or arguments.processes:
         if arguments.source is not None or (arguments.pid is not None and arguments.processes):
             diagnose("status: --pid, --processes and --source each ask another question: give one")
-            return state.EXIT_BAD_PATH
+            return state.EXIT_USAGE
         return _status_of_processes(arguments, state)
     if arguments.source is not None:  # --source "" is a path that cannot be examined (exit 3), not "installed"
         with detect.shared_parses(), state.shared_walks():  # one walk, one parse per file, for all records
@@ -328,11 +341,30 @@ def launch(arguments):
     return launcher.run(command)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments exit 64 (sysexits' EX_USAGE), never 2 or 3, which are answers of status."""
+
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        self.exit(64, "%s: error: %s\n" % (self.prog, message))
+
+
+class _Once(argparse.Action):
+    """An option given once: a second value is an error, not silently the one taken."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if getattr(namespace, self.dest) is not None:
+            parser.error(
+                "%s given twice (%r and %r): give one" % (option_string, getattr(namespace, self.dest), values)
+            )
+        setattr(namespace, self.dest, values)
+
+
 def _parser():
-    summary = "; ".join("%s (%s)" % (h.summary, h.upstream) for h in catalog.HOTFIXES)
-    parser = argparse.ArgumentParser(
+    summary = "\n".join("  %s: %s (%s)" % (h.name, h.summary, h.upstream) for h in catalog.HOTFIXES)
+    parser = _Parser(
         prog="sglang-hotfix-trtllm",
-        description="Hotfixes for installed SGLang releases: %s." % summary,
+        description="Hotfixes for installed SGLang releases, one record each:\n%s" % summary,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=SWITCHES_HELP,
     )
@@ -355,7 +387,15 @@ def _parser():
     )
     files = ", ".join(sorted({h.module.rpartition(".")[2] + ".py" for h in catalog.HOTFIXES}))
     status_parser.add_argument(
+        "--accept",
+        action="append",
+        metavar="NAMES",
+        help="the records (comma-separated) whose bug this hotfix cannot repair here you accept: still named, "
+        "they do not fail the check (as SGLANG_HOTFIX_TRTLLM_ACCEPT)",
+    )
+    status_parser.add_argument(
         "--source",
+        action=_Once,
         metavar="PATH",
         help="classify this source file (%s), or every one under this folder, instead of the installed one" % files,
     )

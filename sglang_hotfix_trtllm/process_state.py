@@ -117,8 +117,18 @@ def publish():
             json.dump(document, handle, sort_keys=True)
         os.replace(partial, target)
         return True
-    except Exception as error:  # a full or read-only /tmp must not cost the host anything
-        say(logging.DEBUG, "could not write this process's state for status --pid: %s: %s", type(error).__name__, error)
+    except Exception as error:  # a full or read-only /tmp must not cost the host anything but this line
+        # WARNING, once: without the file, `status --pid` of this process can only answer CANNOT TELL.
+        say(
+            logging.WARNING,
+            "cannot record what the hotfix did in this process (%s: %s): `sglang-hotfix-trtllm status --pid %d` will "
+            "answer CANNOT TELL; set %s to a folder this user owns and only it can write",
+            type(error).__name__,
+            error,
+            os.getpid(),
+            STATE_DIR_VARIABLE,
+            once_key="state-not-written",
+        )
         return False
 
 
@@ -150,9 +160,10 @@ def _plugin_version():
 
 
 def alive(pid):
-    """The process exists (on Linux, its /proc entry; elsewhere, a signal 0)."""
+    """The process exists and runs (on Linux, its /proc entry, not a zombie: it has exited and runs
+    nothing, its parent has not reaped it yet; elsewhere, a signal 0)."""
     if os.path.isdir("/proc/%d" % pid):
-        return True
+        return not is_zombie(pid)
     if os.path.isdir("/proc/self"):
         return False
     try:
@@ -162,6 +173,49 @@ def alive(pid):
     except OSError:
         return True  # it exists, but belongs to someone else
     return True
+
+
+def _stat_fields(pid):
+    """The fields of /proc/PID/stat after the command name (state first), or None."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    return data[data.rfind(b")") + 2 :].split()
+
+
+def is_zombie(pid):
+    fields = _stat_fields(pid)
+    return bool(fields) and fields[0] == b"Z"
+
+
+def children_of(pid):
+    """The live processes whose parent is ``pid`` (a server's main process and the schedulers it
+    spawned), from /proc; [] where it cannot be read."""
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if entry.isdigit():
+            fields = _stat_fields(int(entry))
+            if fields and len(fields) > 1 and fields[1] == str(pid).encode() and fields[0] != b"Z":
+                found.append(int(entry))
+    return sorted(found)
+
+
+# Titles SGLang gives the processes of a server that never import the backend (setproctitle in
+# detokenizer_manager.py, multi_tokenizer_mixin.py, data_parallel_controller.py).
+NON_MODEL_TITLES = ("sglang::detokenizer", "sglang::tokenizer_worker", "sglang::data_parallel_controller")
+
+
+def non_model_title(pid):
+    """SGLang's title of a process that never imports the backend, or None."""
+    words = command_line(pid) or ()
+    first = words[0] if words else ""
+    return next((title for title in NON_MODEL_TITLES if first.startswith(title)), None)
 
 
 def environ_of(pid):

@@ -17,7 +17,19 @@ from .record import Verdict
 from .records import catalog  # engine imports it already: no cost here
 
 STARTUP_FILE = "sglang_hotfix_trtllm.pth"
-EXIT_OK, EXIT_UNPROTECTED, EXIT_ERROR, EXIT_BAD_PATH = 0, 1, 2, 3
+EXIT_OK, EXIT_UNPROTECTED, EXIT_ERROR, EXIT_UNKNOWN = 0, 1, 2, 3
+EXIT_BAD_PATH = EXIT_UNKNOWN  # a path or process that cannot be examined: nothing can be told of it
+EXIT_USAGE = 64  # bad arguments (sysexits' EX_USAGE), never confused with an answer
+# How bad each answer is, for one answer across several (records, processes): a known bug left
+# unpatched or a refusal outranks "cannot tell", which outranks all is well.
+SEVERITY = {EXIT_OK: 0, EXIT_UNKNOWN: 1, EXIT_UNPROTECTED: 2, EXIT_ERROR: 3}
+
+
+def worst(*codes):
+    """The worst of exit statuses, by ``SEVERITY``."""
+    return max(codes, key=SEVERITY.__getitem__)
+
+
 # Bumped when a key of `status --json` changes meaning or goes away (adding keys does not).
 # 2: the top level holds the answer across every record (headline, exit_status) and what is the
 # same for every record (the environment); each record's own keys only under "hotfixes" (in 1 the
@@ -132,9 +144,12 @@ def would_patch(decision, startup_active, under_launcher, entry_point, framework
     )
 
 
-def exit_status(verdict, action, patched):
-    """The exit status one record gives: its ``verdict``, the engine's ``action`` on it, and whether
-    it is (or would be) patched."""
+def exit_status(verdict, action, patched, accepted=False):
+    """The exit status one record gives: its ``verdict``, the engine's ``action`` on it, whether
+    it is (or would be) patched, and whether the operator accepted its bug where it cannot be
+    repaired (``switches.ACCEPT``: the bug is still named, and does not fail the check)."""
+    if accepted and verdict is Verdict.UNREPAIRABLE:
+        return EXIT_OK
     if action is engine.Action.DISABLED and verdict is Verdict.UNREPAIRABLE:
         # A bug this hotfix cannot repair, turned off by name: the operator, told what it concerns,
         # says this deployment does not serve it (an embedding model, say). Nothing would run
@@ -186,7 +201,8 @@ def of_environment(hotfix):
         }
     )
     report["sglang_installed"] = detect.distribution_installed(hotfix)
-    code = exit_status(assessment.verdict, decision.action, patched)
+    report["accepted"] = hotfix.name in current.accepted_records
+    code = exit_status(assessment.verdict, decision.action, patched, report["accepted"])
     if not report["sglang_installed"]:
         # The plugin in a Python without SGLang (another interpreter's pip): nothing here is
         # protected, and saying NOTHING TO DO would pass a Dockerfile's `&& status` check.
@@ -194,10 +210,12 @@ def of_environment(hotfix):
     return report, assessment, code
 
 
-def source_exit_status(verdict):
+def source_exit_status(verdict, accepted=False):
     """The exit status of a source judged on its own (``status --source``, and the README's table
     of what ``status`` says on each release): 2 for code the hotfix would refuse, 1 for a bug it
-    recognises but cannot repair, 0 otherwise."""
+    recognises but cannot repair (0 where the operator accepts it), 0 otherwise."""
+    if accepted and verdict is Verdict.UNREPAIRABLE:
+        return EXIT_OK
     return {Verdict.UNKNOWN: EXIT_ERROR, Verdict.UNREPAIRABLE: EXIT_UNPROTECTED}.get(verdict, EXIT_OK)
 
 
@@ -430,7 +448,11 @@ def overall_headline(reports, code, subject=None, running=False):
             names(failing),
             _by_reason(failing, lambda r: r["would_patch_reason"]),
         )
-    accepted = [r for r in reports if r["verdict"] == "unrepairable" and r["decision"] == engine.Action.DISABLED.value]
+    accepted = [
+        r
+        for r in reports
+        if r["verdict"] == "unrepairable" and (r["decision"] == engine.Action.DISABLED.value or r.get("accepted"))
+    ]
     patched = [r for r in affected if r["would_patch"]]
     if code == EXIT_UNPROTECTED:
         open_ = [
@@ -446,8 +468,16 @@ def overall_headline(reports, code, subject=None, running=False):
             (" (record %s %s)" % (names(patched), _patched_words(patched, running))) if patched else "",
         )
     said_accepted = (
-        "; record %s turned off by %s: its bug runs unrepaired, accepted as not served here"
-        % (names(accepted), switches.DISABLE)
+        "; record %s: its bug runs unrepaired (%s), accepted by %s"
+        % (
+            names(accepted),
+            _by_reason(accepted, lambda r: r["would_patch_reason"]),
+            " and ".join(
+                sorted(
+                    {switches.ACCEPT if r.get("accepted") else switches.DISABLE for r in accepted},
+                )
+            ),
+        )
         if accepted
         else ""
     )
@@ -478,11 +508,12 @@ INSTALLED_BY_PIP = (
 )
 
 
-def headline_of_verdicts(subject, verdicts, upstreams):
+def headline_of_verdicts(subject, verdicts, upstreams, accepted=frozenset()):
     """(first line, exit status) of ``status`` for code with these verdicts (record name ->
     verdict), where the plugin is installed by pip: ``status --source`` for one file, and the
     README's table for a release (``tools/docs_tables.py``). ``subject`` names the code ("SGLang
-    0.5.12", a file's path); ``upstreams``: record name -> ``Hotfix.upstream``."""
+    0.5.12", a file's path); ``upstreams``: record name -> ``Hotfix.upstream``; ``accepted``: the
+    records whose unrepairable bug the operator accepts (``switches.ACCEPT``)."""
     reports = []
     for name, verdict in verdicts.items():
         affected = verdict == "affected"
@@ -502,9 +533,10 @@ def headline_of_verdicts(subject, verdicts, upstreams):
                 else verdict,
                 "would_patch_reason": INSTALLED_BY_PIP if affected else "the code is not recognised",
                 "covered_processes": EVERY_PROCESS if affected else NONE,
+                "accepted": name in accepted,
             }
         )
-    code = max(source_exit_status(Verdict(verdict)) for verdict in verdicts.values())
+    code = max(source_exit_status(Verdict(verdict), name in accepted) for name, verdict in verdicts.items())
     return overall_headline(reports, code, subject=subject), code
 
 
@@ -541,13 +573,18 @@ def environment_line(report):
         if on
     ]
     switched = {key: value for key, value in (report.get("switches") or {}).items() if value}  # set ones only
-    return "plugin %s at %s; SGLang %s (%s); loaders: %s; switches set: %s" % (
+    line = "plugin %s at %s; SGLang %s (%s); loaders: %s; switches set: %s" % (
         report.get("plugin_version"),
         report.get("plugin_location"),
         report.get("sglang_version") or "(not installed)",
         report.get("sglang_install_kind") or "-",
         ", ".join(loaders) or "none active",
         readable(switched) if switched else "none",
+    )
+    # A switch whose value was not understood is said in plain status too, not only in --json and
+    # the process log: "switches set: none" over STRICT=maybe would hide what the operator meant.
+    return "".join(
+        [line] + ["\nswitch not understood: %s" % problem for problem in report.get("switch_problems") or ()]
     )
 
 
@@ -568,11 +605,12 @@ def readable(value):
 # A running process (status --pid, status --processes): what it recorded itself (process_state)
 
 
-def _record_exit_status(verdict, decision, patched):
+def _record_exit_status(name, verdict, decision, patched):
     """``exit_status`` for what a process recorded: "removed" (remove() ran there) counts as the
-    operator's choice, as a record turned off."""
+    operator's choice, as a record turned off; the bugs the asker accepts (``switches.ACCEPT`` where
+    ``status`` runs) as where ``status`` judges this environment."""
     action = engine.Action.DISABLED if decision == "removed" else engine.Action(decision)
-    return exit_status(Verdict(verdict), action, patched)
+    return exit_status(Verdict(verdict), action, patched, name in switches.read().accepted_records)
 
 
 def _installed_needs():
@@ -588,6 +626,8 @@ def of_process(pid):
     """(headline, exit status, document) for the live process ``pid``, from the state file it wrote
     (``process_state``); where it wrote none, what can be told from outside (its environment, its
     start against the install's). Raises PathProblem (exit 3) where there is no such process."""
+    if pid > 0 and process_state.is_zombie(pid):
+        raise PathProblem("process %d has exited (its parent has not reaped it yet): it runs nothing" % pid)
     if pid <= 0 or not process_state.alive(pid):
         raise PathProblem("no process %d on this host or container" % pid)
     command = process_state.command_line(pid)
@@ -615,7 +655,7 @@ def of_process(pid):
                     "covered_processes": THIS_PROCESS if patched else NONE,
                 }
             )
-            code = max(code, _record_exit_status(recorded["verdict"], recorded["decision"], patched))
+            code = worst(code, _record_exit_status(hotfix.name, recorded["verdict"], recorded["decision"], patched))
         version = next((r["sglang_version"] for r in reports if r.get("sglang_version")), None)
         subject = "process %d (SGLang %s)" % (pid, version or "version unknown")
         facts.update(plugin_version=document.get("plugin_version"), python=document.get("python"))
@@ -637,19 +677,50 @@ def _not_recorded(hotfix, why):
     }
 
 
+def _cannot_tell(pid, facts, why, what_to_do):
+    headline = "CANNOT TELL: process %d: %s; %s" % (pid, why, what_to_do)
+    return headline, EXIT_UNKNOWN, dict(facts, hotfixes=[], why=headline)
+
+
 def _without_state(pid, facts, looked):
-    """A live process that recorded nothing: the hotfix decided nothing in it."""
+    """A live process whose state could not be read: what can be *seen* from outside, and CANNOT
+    TELL (exit 3) for the rest. NOTHING TO DO only where it is observed: not an SGLang process, or
+    one of SGLang's processes that never import the backend (by the title SGLang gives it)."""
     facts["looked_for"] = looked
+    uid = process_state.owner(pid)
+    as_whom = "ask as root or as its owner (uid %s)" % uid
+    if looked.startswith("not trusted"):  # a folder someone else could have written
+        return _cannot_tell(
+            pid,
+            facts,
+            "its state folder is %s" % looked,
+            "what it holds is not read: give the process a folder only its user owns and can write (%s)"
+            % process_state.STATE_DIR_VARIABLE,
+        )
+    if not looked.startswith("no state file"):  # there, but this user cannot read it
+        return _cannot_tell(pid, facts, "its state %s" % looked, as_whom)
     if not process_state.looks_like_sglang(pid):
         headline = (
             "NOTHING TO DO: process %d recorded no decision of this hotfix and is not an SGLang process as far as "
             "can be seen (its command line does not name SGLang, its memory holds no SGLang kernel)" % pid
         )
         return headline, EXIT_OK, dict(facts, hotfixes=[], why=headline)
+    title = process_state.non_model_title(pid)
+    if title is not None:
+        headline = "NOTHING TO DO: process %d is SGLang's %s, which never imports the trtllm_mha backend" % (
+            pid,
+            title.partition("::")[2],
+        )
+        return headline, EXIT_OK, dict(facts, hotfixes=[], why=headline)
+    children = [child for child in process_state.children_of(pid) if process_state.looks_like_sglang(child)]
+    if children:
+        return _for_children(pid, facts, children)
     environ = process_state.environ_of(pid)
+    if environ is None:
+        return _cannot_tell(pid, facts, "it recorded no decision and its environment cannot be read", as_whom)
     started, installed = process_state.started_at(pid), _installed_at()
-    current = switches.read(environ) if environ is not None else None
-    if current is not None and current.disabled:
+    current = switches.read(environ)
+    if current.disabled:
         switch = current.disabled_why or "%s=%s" % (switches.DISABLE, environ.get(switches.DISABLE))
         why = "%s in its environment: the hotfix does nothing there" % switch
     elif started is not None and installed is not None and started < installed:
@@ -657,15 +728,24 @@ def _without_state(pid, facts, looked):
             _when(started),
             _when(installed),
         )
-    else:
-        why = None
-    if why is None:
-        headline = (
-            "NOTHING TO DO: process %d recorded no decision of this hotfix: it has not imported SGLang's "
-            "trtllm_mha backend (a tokenizer or detokenizer process never does), or it runs a Python where the "
-            "hotfix is not loaded (`sglang-hotfix-trtllm status` with that Python says which)" % pid
+    elif started is None or installed is None:
+        return _cannot_tell(
+            pid,
+            facts,
+            "it recorded no decision, and when %s cannot be read"
+            % ("it started" if started is None else "this hotfix was installed"),
+            "`sglang-hotfix-trtllm status --processes` lists what the others recorded",
         )
-        return headline, EXIT_OK, dict(facts, hotfixes=[], why=headline)
+    else:
+        folder = process_state.state_dir(uid=uid, environ=environ)
+        return _cannot_tell(
+            pid,
+            facts,
+            "it recorded no decision of this hotfix (looked for %s): it may not have imported SGLang's trtllm_mha "
+            "backend yet, or the hotfix did not run there or could not record it (a Python started with -S or of "
+            "another environment, the switch set at run time, a state folder it cannot write)" % looked,
+            "its log's sglang-hotfix-trtllm lines say which; the state folder is %s" % folder,
+        )
     needs, assessed = _installed_needs()
     facts["why"] = why
     reports = [_not_recorded(h, why) for h in catalog.HOTFIXES]
@@ -683,12 +763,53 @@ def _without_state(pid, facts, looked):
     )
 
 
+def _for_children(pid, facts, children):
+    """A process that recorded nothing itself but started SGLang processes (a server's main process,
+    whose schedulers import the backend): the worst of their answers, each named."""
+    answers = []
+    for child in children:
+        try:
+            answers.append((child,) + of_process(child))
+        except PathProblem:
+            continue
+    if not answers:
+        return _cannot_tell(pid, facts, "it recorded no decision and its SGLang children are gone", "ask again")
+    code = worst(*(c for _, _, c, _ in answers))
+    word = HEADLINE_WORDS[code] or (
+        "PROTECTED" if any(line.startswith("PROTECTED") for _, line, _, _ in answers) else "NOTHING TO DO"
+    )
+    headline = "%s: process %d recorded nothing itself; the SGLang processes it started answer: %s" % (
+        word,
+        pid,
+        "; ".join("%d %s" % (child, line.partition(":")[0]) for child, line, _, _ in answers),
+    )
+    children_documents = [dict(doc, pid=child, headline=line, exit_status=c) for child, line, c, doc in answers]
+    return headline, code, dict(facts, hotfixes=[], why=headline, children=children_documents)
+
+
+HEADLINE_WORDS = {
+    EXIT_OK: None,
+    EXIT_UNKNOWN: "CANNOT TELL",
+    EXIT_UNPROTECTED: "NOT PROTECTED",
+    EXIT_ERROR: "CANNOT PATCH",
+}
+
+
 def _installed_at():
-    """When this hotfix was installed: its package's ``__init__.py`` as pip wrote it."""
-    try:
-        return os.stat(os.path.join(launcher.INSTALL_DIR, "sglang_hotfix_trtllm", "__init__.py")).st_mtime
-    except OSError:
-        return None
+    """When this hotfix was installed, from what the installer wrote: the newest of its dist-info
+    folder (made at install time even where uv hard-links the files from its cache, whose times are
+    the cache's) and the package's ``__init__.py``; None where neither can be read."""
+    import glob
+
+    candidates = glob.glob(os.path.join(launcher.INSTALL_DIR, "sglang_hotfix_trtllm-*.dist-info"))
+    candidates.append(os.path.join(launcher.INSTALL_DIR, "sglang_hotfix_trtllm", "__init__.py"))
+    times = []
+    for path in candidates:
+        try:
+            times.append(os.stat(path).st_mtime)
+        except OSError:
+            pass
+    return max(times) if times else None
 
 
 def _when(seconds):
@@ -710,8 +831,8 @@ def of_processes():
                 continue
     if not answers:
         return "NOTHING TO DO: no SGLang process found on this host or container", EXIT_OK, answers
-    worst = max(code for _, _, code, _ in answers)
-    word = {EXIT_OK: None, EXIT_UNPROTECTED: "NOT PROTECTED", EXIT_ERROR: "CANNOT PATCH"}[worst]
+    code = worst(*(c for _, _, c, _ in answers))
+    word = HEADLINE_WORDS[code]
     if word is None:
         protected = [pid for pid, line, _, _ in answers if line.startswith("PROTECTED")]
         return (
@@ -721,13 +842,13 @@ def of_processes():
                 len(answers),
                 " (patched in process %s)" % ", ".join(map(str, protected)) if protected else "",
             ),
-            worst,
+            code,
             answers,
         )
-    failing = [pid for pid, _, code, _ in answers if code == worst]
+    failing = [pid for pid, _, c, _ in answers if c == code]
     return (
         "%s: process %s of the %d SGLang process(es) here (each line below says why)"
         % (word, ", ".join(map(str, failing)), len(answers)),
-        worst,
+        code,
         answers,
     )

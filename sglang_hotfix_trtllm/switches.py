@@ -10,6 +10,13 @@ executes anything a variable names. The variables:
 * ``SGLANG_HOTFIX_TRTLLM_STRICT``: on = when the target module is imported and
   the hotfix cannot be applied (verdict ``unknown``, or wrapping fails), stop
   the process with an error instead of running unprotected.
+* ``SGLANG_HOTFIX_TRTLLM_ACCEPT``: a comma-separated list of record names whose
+  bug this hotfix reports but cannot repair here (verdict ``unrepairable``),
+  acknowledged by the operator: ``status`` still names each such bug and whom it
+  concerns, but does not fail on it (exit 0 where it would exit 1). It repairs,
+  turns off and changes nothing; a record that is repaired here is not
+  affected by it. Read by ``status`` only. Never a blanket value: ``1``,
+  ``all`` and names of no record are complaints, and accept nothing.
 * ``SGLANG_PLUGINS``: SGLang's own plugin allowlist (comma-separated
   entry-point names). When set and it does not name ``sglang_hotfix_trtllm``,
   the hotfix stands aside, as SGLang would for its entry point.
@@ -25,6 +32,7 @@ from .record import Value
 
 DISABLE = "SGLANG_HOTFIX_TRTLLM_DISABLE"
 STRICT = "SGLANG_HOTFIX_TRTLLM_STRICT"
+ACCEPT = "SGLANG_HOTFIX_TRTLLM_ACCEPT"
 SGLANG_PLUGINS = "SGLANG_PLUGINS"
 PLUGIN_NAME = "sglang_hotfix_trtllm"
 
@@ -37,8 +45,16 @@ class Switches(Value):
     allowlist), else the names it lists; ``problems`` has one message per
     variable whose value was not understood."""
 
-    __slots__ = ("disabled", "strict", "plugin_allowlist", "problems", "disabled_records", "disabled_why")
-    _defaults = {"disabled_records": frozenset(), "disabled_why": ""}
+    __slots__ = (
+        "disabled",
+        "strict",
+        "plugin_allowlist",
+        "problems",
+        "disabled_records",
+        "disabled_why",
+        "accepted_records",
+    )
+    _defaults = {"disabled_records": frozenset(), "disabled_why": "", "accepted_records": frozenset()}
 
     def why_disabled(self, hotfix_name):
         """Why the switch turns this record off, in words (for ``decide``)."""
@@ -59,6 +75,7 @@ class Switches(Value):
             "disabled": self.disabled,
             "disabled_records": sorted(self.disabled_records),
             "strict": self.strict,
+            "accepted_records": sorted(self.accepted_records),
             "sglang_plugins": None if self.plugin_allowlist is None else sorted(self.plugin_allowlist),
             "excluded_by_sglang_plugins": self.excluded_by_sglang_plugins,
         }
@@ -114,6 +131,26 @@ def _disable(environ, problems):
     return False, frozenset(names), ""
 
 
+def _accept(environ, problems):
+    """The records named by the acknowledgement switch. Names only: a value naming no record
+    (``1``, ``all``, a typo) accepts nothing that name stands for, with one complaint."""
+    from .records import catalog
+
+    raw = environ.get(ACCEPT)
+    if raw is None or not raw.strip():
+        return frozenset()
+    known = [hotfix.name for hotfix in catalog.HOTFIXES]
+    names = [name.strip().lower() for name in raw.split(",") if name.strip()]
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        problems.append(
+            "%s=%r: %s; it takes a comma-separated list of the records whose unrepairable bug you accept (%s), "
+            "never a blanket value; accepting only the records it names"
+            % (ACCEPT, raw, ", ".join("%r is no record" % name for name in unknown), ", ".join(known))
+        )
+    return frozenset(name for name in names if name in known)
+
+
 def _allowlist(environ, problems):
     # Parsed exactly as sglang.srt.plugins does: an empty value means no
     # allowlist; otherwise the comma-separated, stripped, non-empty names.
@@ -135,4 +172,5 @@ def read(environ=None):
     disabled, disabled_records, disabled_why = _disable(environ, problems)
     strict = _flag(environ, STRICT, problems)
     allowlist = _allowlist(environ, problems)
-    return Switches(disabled, strict, allowlist, tuple(problems), disabled_records, disabled_why)
+    accepted = _accept(environ, problems)
+    return Switches(disabled, strict, allowlist, tuple(problems), disabled_records, disabled_why, accepted)

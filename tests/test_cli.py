@@ -109,15 +109,19 @@ def test_status_of_a_target_install_names_the_startup_file_python_reads(tmp_path
     assert report["would_patch"] is True and report["covered_processes"] == "every-process"
 
 
-def test_bad_arguments_exit_2():
+def test_bad_arguments_exit_64_never_an_answer_of_status():
+    """Issue 48, item 3: usage errors exited 2, as CANNOT PATCH does; a second --source silently
+    replaced the first."""
     ran = run_cli("frobnicate")
-    assert ran.returncode == 2 and "usage" in ran.stderr
+    assert ran.returncode == 64 and "usage" in ran.stderr
+    ran = run_cli("status", "--source", "a", "--source", "b")
+    assert ran.returncode == 64 and "--source given twice ('a' and 'b')" in ran.stderr and ran.stdout == ""
 
 
 def test_a_bad_option_of_a_verb_prints_that_verbs_usage():
     """Issue 30, item 6: `status --bogus` printed the top-level usage."""
     ran = run_cli("status", "--bogus")
-    assert ran.returncode == 2 and ran.stdout == ""
+    assert ran.returncode == 64 and ran.stdout == ""
     assert "usage: sglang-hotfix-trtllm status" in ran.stderr and "unrecognized arguments: --bogus" in ran.stderr
 
 

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import clean_env, run_cli, status_json
+from conftest import clean_env, run_cli, run_python, status_json
 from sglang_hotfix_trtllm import process_state
 from sglang_hotfix_trtllm import status as state
 
@@ -150,11 +150,11 @@ def test_processes_lists_each_sglang_process_with_its_answer_and_prunes_the_gone
     assert text.stdout.splitlines()[0] == shown.report["headline"]
 
 
-def test_status_pid_of_no_process_or_with_another_question_is_exit_3(tmp_path):
+def test_status_pid_of_no_process_is_exit_3_and_another_question_is_a_usage_error(tmp_path):
     ran = run_cli("status", "--pid", "999999", env=clean_env(SGLANG_HOTFIX_TRTLLM_STATE_DIR=str(tmp_path)))
     assert ran.returncode == 3 and "no process 999999" in ran.stderr and ran.stdout == ""
     ran = run_cli("status", "--pid", str(os.getpid()), "--source", str(tmp_path))
-    assert ran.returncode == 3 and "give one" in ran.stderr
+    assert ran.returncode == 64 and "give one" in ran.stderr
 
 
 def test_a_process_that_is_not_sglangs_has_nothing_to_do(tmp_path):
@@ -166,11 +166,12 @@ def test_a_process_that_is_not_sglangs_has_nothing_to_do(tmp_path):
 def test_an_unwritable_state_folder_never_stops_the_process(tmp_path, child):
     blocked = tmp_path / "state"
     blocked.write_text("a file where the folder should be")
-    running = child()  # imports the backend: the engine cannot write its state, and says so at DEBUG only
+    running = child()  # imports the backend: the engine cannot write its state, and says so at WARNING, once
     assert running.process.poll() is None
     shown = running.status()
-    # What is then true from outside: it recorded nothing (a limit the README names).
-    assert shown.returncode == 0 and "recorded no decision" in shown.report["headline"], shown.report
+    # Issue 48, item 1: 0.14.0 answered NOTHING TO DO (exit 0) about a process it could not see.
+    assert shown.returncode == 3 and shown.report["headline"].startswith("CANNOT TELL"), shown.report
+    assert "is not a folder" in shown.report["headline"]
 
 
 def test_a_state_folder_others_can_write_is_neither_written_nor_believed(tmp_path, child):
@@ -186,4 +187,113 @@ def test_a_state_folder_others_can_write_is_neither_written_nor_believed(tmp_pat
         json.dumps({"pid": running.pid, "start_ticks": process_state.start_ticks(running.pid), "records": {}})
     )
     shown = running.status()
-    assert "is writable by others" in shown.stderr and "recorded no decision" in shown.report["headline"]
+    assert "is writable by others" in shown.stderr and shown.report["headline"].startswith("CANNOT TELL")
+    assert shown.returncode == 3 and "is writable by others" in shown.report["headline"]
+
+
+def test_a_process_that_cannot_record_its_state_says_so_at_warning_once(tmp_path):
+    """Issue 48, item 1: it said so at DEBUG only, so nothing in its log told the operator why
+    `status --pid` could not see it."""
+    blocked = tmp_path / "state"
+    blocked.write_text("a file where the folder should be")
+    code = "import sglang.srt.layers.attention.trtllm_mha_backend, sglang_hotfix_trtllm; sglang_hotfix_trtllm.remove()"
+    ran = run_python(["-c", code], cwd=tmp_path, env=clean_env(SGLANG_HOTFIX_TRTLLM_STATE_DIR=str(blocked)))
+    assert ran.returncode == 0, ran
+    said = [line for line in ran.hotfix_lines() if "cannot record what the hotfix did in this process" in line]
+    assert len(said) == 1 and "WARNING" in said[0] and "CANNOT TELL" in said[0], ran.hotfix_lines()
+
+
+PARENT = """
+import subprocess, sys
+# the main process of a server: it names SGLang, imports no backend, and starts one that does
+child = subprocess.Popen([sys.executable, "-c", sys.argv[-1]], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+assert child.stdout.readline().strip() == "ready"
+print("ready", child.pid, flush=True)
+sys.stdin.readline()
+child.stdin.close()
+child.wait()
+"""
+
+
+def _started(tmp_path, argv, *arguments, **environment):
+    env = clean_env(SGLANG_HOTFIX_TRTLLM_STATE_DIR=str(tmp_path / "state"), **environment)
+    process = subprocess.Popen(
+        argv + list(arguments),
+        executable=sys.executable,
+        cwd=str(tmp_path),
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    return process, process.stdout.readline().split()
+
+
+def test_a_servers_main_process_answers_for_the_processes_it_started(tmp_path):
+    """Issue 48, item 1: `--pid` of the main process (the one `pgrep -f launch_server` finds) said
+    NOTHING TO DO while its scheduler ran a record turned off."""
+    parent, words = _started(
+        tmp_path,
+        [sys.executable, "-c", PARENT, "-m", "sglang.launch_server"],
+        CHILD,
+        SGLANG_HOTFIX_TRTLLM_DISABLE="pr25103",
+    )
+    try:
+        assert words[0] == "ready", words
+        shown = status_json(
+            "--pid", str(parent.pid), env=clean_env(SGLANG_HOTFIX_TRTLLM_STATE_DIR=str(tmp_path / "state"))
+        )
+        assert shown.returncode == 1, shown.report
+        assert shown.report["headline"].startswith("NOT PROTECTED: process %d recorded nothing itself" % parent.pid)
+        assert [child["pid"] for child in shown.report["children"]] == [int(words[1])]
+    finally:
+        parent.stdin.close()
+        parent.wait(timeout=60)
+
+
+def test_sglangs_detokenizer_is_seen_to_have_nothing_to_do_and_an_unexplained_silence_cannot_be_told(tmp_path):
+    """Issue 48, item 1: "has not imported SGLang's backend" was stated of any SGLang process that
+    recorded nothing (a `python -S` one, one whose switch was set at run time). Now NOTHING TO DO
+    only where it is seen (the title SGLang gives a process that never imports the backend), and
+    CANNOT TELL (exit 3) otherwise."""
+    waiting = "import sys; print('ready', flush=True); sys.stdin.readline()"
+    for title, code, word in (("sglang::detokenizer", 0, "NOTHING TO DO"), ("sglang::scheduler_TP0", 3, "CANNOT TELL")):
+        process, words = _started(tmp_path, [title, "-c", waiting])
+        try:
+            shown = status_json(
+                "--pid", str(process.pid), env=clean_env(SGLANG_HOTFIX_TRTLLM_STATE_DIR=str(tmp_path / "state"))
+            )
+            assert (shown.returncode, shown.report["headline"].split(":")[0]) == (code, word), shown.report
+        finally:
+            process.stdin.close()
+            process.wait(timeout=60)
+
+
+def test_a_zombie_is_a_process_that_runs_nothing(tmp_path):
+    """Issue 48, item 1: an exited process its parent had not reaped read PROTECTED from its file."""
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while not process_state.is_zombie(exited.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        ran = run_cli("status", "--pid", str(exited.pid), env=clean_env(SGLANG_HOTFIX_TRTLLM_STATE_DIR=str(tmp_path)))
+        assert ran.returncode == 3 and "has exited" in ran.stderr and ran.stdout == "", ran
+    finally:
+        exited.wait()
+
+
+def test_the_install_time_is_what_the_installer_wrote_not_a_hard_linked_files_time(tmp_path, monkeypatch):
+    """Issue 48, item 1: uv hard-links the package's files from its cache, so __init__.py's time
+    was the cache's (16 minutes before the install) and a server started before the install was
+    judged started after it. The dist-info folder is made at install time."""
+    from sglang_hotfix_trtllm import launcher
+
+    package = tmp_path / "sglang_hotfix_trtllm"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    os.utime(package / "__init__.py", (1_000_000_000, 1_000_000_000))  # the cache's time
+    (tmp_path / "sglang_hotfix_trtllm-0.15.0.dist-info").mkdir()
+    os.utime(tmp_path / "sglang_hotfix_trtllm-0.15.0.dist-info", (1_700_000_000, 1_700_000_000))
+    monkeypatch.setattr(launcher, "INSTALL_DIR", str(tmp_path))
+    assert state._installed_at() == 1_700_000_000
