@@ -113,78 +113,99 @@ def exec_watched(loader, module):
     (issue 49: a finder that imports inside a lookup, where importlib holds the global lock, has to
     let go of a lock it did not take). The hook is loaded *before* SGLang's code runs, so that strict
     mode's ImportError stops the import before anything of the backend executed; a hook that cannot
-    load costs one line and the module runs unpatched."""
+    load costs one line and the module runs unpatched. With the disable switch on, or when this
+    thread is already executing the module through a copy of our loader (another finder that asked
+    for the spec and wrapped ours), it only runs the module's code: one hand-over per import."""
     name = module.__name__
-    hook = _load_import_hook(name)
-    loader.exec_module(module)
+    from _thread import get_ident
+
+    key = (get_ident(), name)
+    if key in _EXECUTING or switch_on(DISABLE_VARIABLE):
+        loader.exec_module(module)
+        return
+    _EXECUTING.add(key)
+    try:
+        hook = _load_import_hook(name)
+        loader.exec_module(module)
+    finally:
+        _EXECUTING.discard(key)
     _AfterImport.pending.discard(name)  # apply() ran while it executed: handed over here, once
     if hook is not None:
         hook.module_executed(module, name)
 
 
-# What the finder runs when a watched module is looked up, with its arguments as ``a`` and the
-# finder's own globals as ``D``, in a dictionary of its own for each lookup: nothing passes between
-# two lookups but the thread-local set of names this thread is looking up (``D['t']``), so two
-# threads looking the backend up at once each get their own spec (issue 49: a dictionary shared by
-# every lookup lost one thread's spec to another's, and the backend ran unpatched). It imports
-# nothing that is not loaded (``sys``, ``_thread`` and ``os`` are, at every start), takes no lock
-# and lets none go: it asks the other finders for the real spec, as wrapt's finder does, and gives
-# it a loader whose ``exec_module``, run under the module's own lock, loads this module and calls
-# ``exec_watched``. A nested lookup of the same name by this thread (another finder calling
-# ``importlib.util.find_spec``) gets None; every copy of this finder is skipped. With the disable
-# switch on it answers None and nothing of the hotfix loads. A startup module that cannot load
-# costs one line, written to descriptor 2 for the reason ``write_stderr`` gives, and the module
-# runs unpatched. Compiled only at a watched lookup; read at every start (the .pth line holds it),
-# so it stays short.
+_EXECUTING = set()  # (thread, module name) while exec_watched runs that module's code
+
+
+# What the finder runs when a watched module is looked up, with its arguments as ``a``, in a
+# dictionary made for that lookup alone: nothing passes between two lookups, so two threads looking
+# the backend up at once each get their own spec (issue 49: one dictionary shared by every lookup
+# lost one thread's spec to another's, and the backend ran unpatched). It imports nothing that is
+# not loaded (``sys`` and ``os`` are, at every start), takes no lock and lets none go: it asks the
+# other finders for the real spec, as wrapt's finder does (every copy of this finder is skipped),
+# and gives it a loader whose ``exec_module``, run under the module's own lock, puts SGLang's loader
+# back on the module, loads this module and calls ``exec_watched``; anything else is asked of
+# SGLang's loader. A startup module that cannot load costs one line, written to descriptor 2 for the
+# reason ``write_stderr`` gives, and the module runs unpatched. Compiled only at a watched lookup;
+# read at every start (the .pth line holds it), so it stays short (docs/costs.md).
 _LOOKUP = (
-    "import sys,os,_thread\n"
+    "import sys,os\n"
     "n,p,t=a\n"
     "spec=None\n"
-    "w=D.get('t') or D.setdefault('t',_thread._local())\n"
-    "w=w.__dict__.setdefault('n',set())\n"
-    "if n not in w and os.environ.get(%(disable)r,'').strip().lower() not in %(true)r:\n"
-    " w.add(n)\n"
-    " try:\n"
-    "  for f in list(sys.meta_path):\n"
-    "   if getattr(f,%(mark)r,0) is True or not hasattr(f,'find_spec'):continue\n"
-    "   spec=f.find_spec(n,p,t)\n"
-    "   if spec is not None:break\n"
-    " finally:w.discard(n)\n"
-    " if spec is not None and hasattr(spec.loader,'exec_module'):\n"
-    "  class HotfixLoader:\n"
-    "   def __init__(s,l):s.l=l\n"
-    "   def __getattr__(s,k):\n"
-    "    if k=='l':raise AttributeError(k)\n"
-    "    return getattr(s.l,k)\n"
-    "   def create_module(s,c):return s.l.create_module(c)\n"
-    "   def exec_module(s,m):\n"
-    "    m.__loader__=s.l\n"
-    "    if getattr(m,'__spec__',None) is not None:m.__spec__.loader=s.l\n"
-    "    try:from sglang_hotfix_trtllm_autoload import exec_watched as x\n"
-    "    except Exception as e:\n"
-    "     x=None\n"
-    "     try:os.write(2,('sglang-hotfix-trtllm: startup module failed (%%r); %%s is imported unpatched."
-    " Reinstall sglang-hotfix-trtllm or delete its .pth file\\n'%%(e,m.__name__)).encode())\n"
-    "     except Exception:pass\n"
-    "    if x:x(s.l,m)\n"
-    "    else:s.l.exec_module(m)\n"
-    "  spec.loader=HotfixLoader(spec.loader)"
-) % {"disable": DISABLE_VARIABLE, "true": TRUE_VALUES, "mark": FINDER_MARK}
+    "for f in list(sys.meta_path):\n"
+    " if getattr(f,%(mark)r,0)is not True and hasattr(f,'find_spec'):\n"
+    "  spec=f.find_spec(n,p,t)\n"
+    "  if spec:break\n"
+    "l=spec and spec.loader\n"
+    "if hasattr(l,'exec_module'):\n"
+    " class HotfixLoader:\n"
+    "  __getattr__=lambda s,k:getattr(l,k)\n"
+    "  def exec_module(s,m):\n"
+    "   m.__loader__=m.__spec__.loader=l\n"
+    "   try:from sglang_hotfix_trtllm_autoload import exec_watched as x\n"
+    "   except Exception as e:\n"
+    "    x=lambda l,m:l.exec_module(m)\n"
+    "    try:os.write(2,b'sglang-hotfix-trtllm: startup module failed (%%a); %%s runs unpatched%%c'"
+    "%%(e,n.encode(),10))\n"
+    "    except Exception:pass\n"
+    "   x(l,m)\n"
+    " spec.loader=HotfixLoader()"
+) % {"mark": FINDER_MARK}
+
+
+# The .pth holds ``_LOOKUP`` in a comment line that starts with this: site skips comment lines, so
+# it costs a line read at start where the line's own text is compiled (twice in a venv) and its
+# every character counts (docs/costs.md). At a watched lookup, ``_FROM_THE_PTH`` finds the .pth on
+# sys.path and runs that line. ``_LOOKUP`` holds no backslash, so its newlines are written as "\n".
+LOOKUP_LINE = "#lookup of sglang-hotfix-trtllm's finder (sglang_hotfix_trtllm_autoload.py, _LOOKUP): "
+_FROM_THE_PTH = (
+    "import sys,os\n"
+    "g=''\n"
+    "for d in sys.path:\n"
+    " try:g=[l for l in open(d+'/sglang_hotfix_trtllm.pth')if l[:8]=='#lookup '][0];break\n"
+    " except Exception:pass\n"
+    "spec=None\n"
+    "if g:exec(g[g.index(': ')+2:].replace(chr(92)+'n',chr(10)))\n"
+    "else:\n"
+    " try:os.write(2,b'sglang-hotfix-trtllm: its .pth has no lookup; %s runs unpatched%c'%(a[0].encode(),10))\n"
+    " except Exception:pass"
+)
 
 
 def _finder_text():
     """The finder, one lambda: None for every module name but the watched ones; for those, the spec
-    ``_LOOKUP`` leaves, from a dictionary made for this lookup alone. It carries the finder
-    protocol's parameter names and defaults, so that a caller passing them by keyword is served."""
+    the lookup ``G`` leaves, from a dictionary made for this lookup alone.
+    It carries the finder protocol's parameter names and defaults, so that a caller passing them by
+    keyword is served."""
     watched = " and ".join("fullname!=%r" % name for name in sorted(WATCHED_MODULES))
     return (
         "lambda fullname,path=None,target=None:None if %s else "
-        "(lambda d:exec(G,d)or d['spec'])({'a':(fullname,path,target),'D':globals()})" % watched
+        "exec(G,d:={'a':(fullname,path,target)})or d['spec']" % watched
     )
 
 
 # This module's copy of the finder, which ``install`` arms where the .pth line did not (``python
-# -S``, a plugin entry point, ``apply()``): the same text, so both copies behave alike.
+# -S``, a plugin entry point, ``apply()``): the same finder, with the lookup at hand.
 find_spec = eval(_finder_text(), {"G": _LOOKUP})
 find_spec.find_spec = find_spec
 setattr(find_spec, FINDER_MARK, True)
@@ -328,7 +349,7 @@ def startup_line():
     """
     arm = "_f=eval(%r,{'G':%r});_f.find_spec=_f;_f.%s=True;sys.meta_path.insert(0,_f)" % (
         _finder_text(),
-        _LOOKUP,
+        _FROM_THE_PTH,
         FINDER_MARK,
     )
     return "import sys;any([getattr(f,%r,0)is True for f in sys.meta_path])or exec(%r)" % (FINDER_MARK, arm)
@@ -344,8 +365,10 @@ STARTUP_COMMENT = (
 
 
 def pth_text():
-    """The whole ``sglang_hotfix_trtllm.pth`` (a test holds the shipped file to it)."""
-    return "%s\n%s\n" % (STARTUP_COMMENT, startup_line())
+    """The whole ``sglang_hotfix_trtllm.pth`` (a test holds the shipped file to it): the comment,
+    the line, and the lookup the line's finder reads from this file (``LOOKUP_LINE``)."""
+    assert "\\" not in _LOOKUP  # its newlines are written as backslash-n, and read back so
+    return "%s\n%s\n%s%s\n" % (STARTUP_COMMENT, startup_line(), LOOKUP_LINE, _LOOKUP.replace("\n", "\\n"))
 
 
 if __name__ == "__main__":

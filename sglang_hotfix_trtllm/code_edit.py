@@ -401,13 +401,16 @@ def edited_codes(path, data, class_name, plan):
                 "%s.%s is not at line %d of %s" % (class_name, method_name, original.co_firstlineno, path)
             )
     module, copies = _with_copies(tree, class_name, nodes)
+    shown = _Shown(data)
     for method_name, (_, edits) in plan.items():
+        before = shown.before(copies[method_name])
         for record, edit in edits:
             try:
                 edit.apply(copies[method_name], tree)
             except EditMismatch as mismatch:
                 raise NotEditable("record %s's edit of %s does not fit this code: %s" % (record, method_name, mismatch))
         ast.fix_missing_locations(copies[method_name])
+        shown.after(copies[method_name], before)
     try:
         module_code = compile_module(module, path)
     except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError) as error:
@@ -424,8 +427,85 @@ def edited_codes(path, data, class_name, plan):
             )
         if _signature(code) != _signature(original):
             raise NotEditable("the edited %s.%s changes the method's parameters" % (class_name, method_name))
-        codes[method_name] = code.replace(co_filename=original.co_filename)
-    return codes
+        codes[method_name] = code
+    # The edited code names a file of its own, the installed file's path with what it holds said
+    # after it, whose lines in linecache are the file's with upstream's statements at theirs: a
+    # traceback through an edited statement, inspect.getsource and pdb show the code that runs, not
+    # the release's text at that line (issue 47, item 6).
+    records = ", ".join(sorted({r for _, edits in plan.values() for r, _ in edits}))  # whatever order they came in
+    filename = "%s (sglang-hotfix-trtllm: with upstream's change of record %s)" % (
+        next(iter(plan.values()))[0].co_filename,
+        records,
+    )
+    shown.register(filename)
+    return {name: _named(code, filename) for name, code in codes.items()}
+
+
+def _named(code, filename):
+    """``code`` and every code object nested in it, compiled from ``filename``."""
+    consts = tuple(_named(c, filename) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+    return code.replace(co_filename=filename, co_consts=consts)
+
+
+class _Shown:
+    """The text a traceback shows for edited code. Every statement an edit made or changed is put on
+    its own first line (all its positions there), and that line's text becomes the statement as it
+    runs (``ast.unparse``, one line; statements sharing a line joined with "; ", the release's
+    statement that still starts there last); lines of the release's statements that no longer run are
+    blank. Every other line is the file's own."""
+
+    def __init__(self, data):
+        self.lines = data.decode("utf-8", "replace").splitlines(True)
+        self.written = {}  # line number -> [statement text, ...] of what the edits made there
+        self.blank = set()
+        self.kept = set()  # lines where a statement of the release still starts
+
+    @staticmethod
+    def _statements(method):
+        return [s for body in statement_lists(method) for s in body]
+
+    def before(self, method):
+        return {id(s): (s, ast.unparse(s)) for s in self._statements(method)}
+
+    def after(self, method, before):
+        now = self._statements(method)
+        present = {id(s) for s in now}
+        changed = []
+        for statement in now:
+            old = before.get(id(statement))
+            if old is None or (not _is_compound(statement) and ast.unparse(statement) != old[1]):
+                changed.append(statement)
+        inside = {id(n) for s in changed for n in ast.walk(s) if n is not s}
+        changed = [s for s in changed if id(s) not in inside]  # a new compound statement is shown whole
+        for statement, _ in before.values():
+            if id(statement) not in present or statement in changed:
+                self.blank.update(range(statement.lineno, (statement.end_lineno or statement.lineno) + 1))
+        for statement in changed:
+            line = statement.lineno
+            text = " ".join(part.strip() for part in ast.unparse(statement).splitlines())
+            for node in ast.walk(statement):
+                if "lineno" in node._attributes:
+                    node.lineno = node.end_lineno = line
+                    node.col_offset, node.end_col_offset = 0, len(text)
+            self.written.setdefault(line, []).append(text)
+        self.blank.difference_update(self.written)
+        self.kept |= {s.lineno for s in now if id(s) in before and s not in changed}
+
+    def register(self, filename):
+        lines = list(self.lines)
+        for number in self.blank:
+            if 0 < number <= len(lines):
+                lines[number - 1] = "\n"
+        for number, texts in self.written.items():
+            original = lines[number - 1] if 0 < number <= len(lines) else ""
+            indent = original[: len(original) - len(original.lstrip())]
+            still = [original.strip()] if number in self.kept and original.strip() else []
+            lines[number - 1] = indent + "; ".join(texts + still) + "\n"
+        linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
+
+
+def _is_compound(statement):
+    return any(isinstance(getattr(statement, field, None), list) for field in ("body", "orelse", "finalbody"))
 
 
 def _rebound(function, module_globals):

@@ -78,8 +78,7 @@ def test_broken_startup_module_costs_nothing_at_start_and_one_line_at_sglangs_im
     assert ran.returncode == 0 and ran.result["attribute_type"] == "function", ran
     assert ran.hotfix_lines() == [
         "sglang-hotfix-trtllm: startup module failed (ImportError('simulated broken install'));"
-        " sglang.srt.layers.attention.trtllm_mha_backend is imported unpatched. Reinstall"
-        " sglang-hotfix-trtllm or delete its .pth file"
+        " sglang.srt.layers.attention.trtllm_mha_backend runs unpatched"
     ]
 
 
@@ -109,3 +108,21 @@ def test_lookups_racing_the_import_never_leave_the_backend_unpatched(tmp_path, v
     arguments = [probe, autoload.startup_line(), str(package), str(trials), variant]
     ran = run_python(arguments, cwd=tmp_path, env=clean_env(), timeout=300)
     assert ran.returncode == 0 and ran.result == {"trials": trials, "lost": 0}, ran
+
+
+def test_a_pth_without_its_lookup_line_costs_one_line_and_the_import_proceeds(tmp_path):
+    """The .pth line's finder reads the lookup from the .pth's comment line (it costs a line read
+    at start, where the line's own text is compiled): where no .pth on sys.path holds it (a copy of
+    the line run elsewhere, a hand-edited file), one line on stderr and the module runs unpatched."""
+    package = tmp_path / "stand_in"
+    attention = package / "sglang" / "srt" / "layers" / "attention"
+    attention.mkdir(parents=True)
+    for folder in (package / "sglang", package / "sglang" / "srt", attention.parent, attention):
+        (folder / "__init__.py").write_text("")
+    (attention / "trtllm_mha_backend.py").write_text("x = 1\n")
+    code = "import sys; exec(sys.argv[1]); import sglang.srt.layers.attention.trtllm_mha_backend as m; print(m.x)"
+    ran = run_python(["-S", "-c", code, autoload.startup_line()], cwd=tmp_path, env=clean_env(PYTHONPATH=str(package)))
+    assert ran.returncode == 0 and ran.stdout == "1\n", ran
+    assert ran.stderr == (
+        "sglang-hotfix-trtllm: its .pth has no lookup; sglang.srt.layers.attention.trtllm_mha_backend runs unpatched\n"
+    ), ran

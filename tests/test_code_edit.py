@@ -10,6 +10,7 @@ file as the import system imports it, and on SGLang 0.5.12's installed backend w
 import ast
 import functools
 import importlib.util
+import inspect
 import linecache
 import subprocess
 import sys
@@ -96,7 +97,8 @@ def test_the_running_code_is_proven_to_be_the_files_and_the_edit_runs_in_sglangs
     assert put(module, path) == "edited"
     assert module.Backend.__dict__["forward"] is function and function.__code__ is not original
     assert backend.forward(2) == 13  # 2 * 2 * 3 + 1
-    assert function.__code__.co_filename == original.co_filename == path
+    assert original.co_filename == path
+    assert function.__code__.co_filename == path + " (sglang-hotfix-trtllm: with upstream's change of record toy)"
     assert function.__code__.co_firstlineno == original.co_firstlineno
     assert put(module, path) == "already"
     assert code_edit.remove_all() == 1
@@ -180,6 +182,37 @@ def test_a_traceback_through_a_new_name_shows_upstreams_text(toy):
     assert linecache.getline(filename, 2).strip() == "return 1 / 0"
 
 
+def divide_first(method, tree):
+    """Upstream's two statements, one of them over two lines, before ``y = x * factor``."""
+    body = next(b for b in code_edit.statement_lists(method) if any(ast.unparse(s) == "y = x * factor" for s in b))
+    index = next(i for i, s in enumerate(body) if ast.unparse(s) == "y = x * factor")
+    line = body[index].lineno
+    body[index:index] = [
+        code_edit.statement_at("checked = x", line),
+        code_edit.statement_at("x = x / (\n    factor - 2)", line),
+    ]
+
+
+def test_a_traceback_through_an_edited_statement_shows_the_code_that_runs(toy):
+    """Issue 47, item 6: a traceback through an edited line showed the release's text at that line
+    (upstream's statements are numbered from the statement they replace or precede). The edited code
+    names a file of its own, whose lines are the file's with upstream's statements at theirs."""
+    module, path = toy
+    put(module, path, edits=(code_edit.Edit("forward", divide_first),))
+    with pytest.raises(ZeroDivisionError) as raised:
+        module.Backend(1).forward(2)  # factor 2: upstream's x / (factor - 2)
+    frame = raised.value.__traceback__.tb_next
+    filename, line = frame.tb_frame.f_code.co_filename, frame.tb_lineno
+    assert filename == path + " (sglang-hotfix-trtllm: with upstream's change of record toy)"
+    shown = linecache.getline(filename, line)
+    assert shown.strip() == "checked = x; x = x / (factor - 2); y = x * factor", shown
+    assert TOY.splitlines()[line - 1].strip() == "y = x * factor"  # what 0.14.0 showed
+    assert "x = x / (factor - 2)" in "".join(traceback.format_exception(raised.value))
+    source = inspect.getsource(module.Backend.forward)
+    assert "checked = x; x = x / (factor - 2); y = x * factor" in source and "return nested(helper(y))" in source
+    assert [text for text in source.splitlines() if "def nested" in text]  # the rest is the file's
+
+
 def test_an_error_inside_upstreams_code_propagates_as_upstreams_would():
     """A repair never turns an error into output: what upstream's statement raises (here the
     out-of-memory error of a ``.contiguous()``) reaches SGLang's caller, unchanged."""
@@ -225,7 +258,8 @@ def test_no_frame_of_the_hotfix_runs_on_a_call(toy):
         backend.forward(2)
     finally:
         sys.setprofile(None)
-    assert seen and set(seen) == {path}
+    # SGLang's file, as the edited code names it (the file's path first), and nothing of the hotfix's
+    assert seen and set(seen) == {path + " (sglang-hotfix-trtllm: with upstream's change of record toy)"}
 
 
 def test_a_call_in_flight_keeps_the_code_it_started_with(toy):

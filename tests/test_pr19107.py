@@ -232,7 +232,10 @@ def test_the_patched_method_is_upstreams_code_and_remove_restores_the_identical_
     try:
         assert patch.wrap(HOTFIX, module, detect.assess_module(HOTFIX, module)) == "wrapped"
         assert cls.__dict__[pr19107.METHOD] is function and function.__code__ is not original
-        assert function.__code__.co_filename == original.co_filename
+        # SGLang's file, named as the hotfix's edit of it (a traceback shows upstream's lines)
+        assert function.__code__.co_filename == original.co_filename + (
+            " (sglang-hotfix-trtllm: with upstream's change of record pr19107)"
+        )
         assert function.__code__.co_firstlineno == original.co_firstlineno
         assert "_get_layer_cache_loc" in function.__code__.co_names
         assert cls.__dict__[pr19107.TRANSLATOR].__globals__ is vars(module)
