@@ -442,10 +442,13 @@ def in_this_environment(hotfix, assessment):
         problem = "the record's check of this environment failed: %s: %s" % (type(error).__name__, error)
     if problem is None:
         return assessment
+    verdict = Verdict.UNREPAIRABLE
+    if isinstance(problem, tuple):  # (verdict, reason): the bug is masked here (xqa_workspace)
+        verdict, problem = problem
     return Assessment(
         assessment.hotfix_name,
         assessment.target,
-        Verdict.UNREPAIRABLE,
+        verdict,
         problem,
         assessment.fingerprint,
         assessment.source_path,

@@ -99,7 +99,9 @@ class Hotfix(Value):
     * ``environment``: None, or ``environment()`` -> None, or the reason (naming the release that
       fixes the bug) why this Python cannot carry the repair although the code is affected
       (encoder_only_mask: the installed FlashInfer takes no ``causal``); the verdict on an installed
-      or imported source is then ``unrepairable``. It reads files only, never imports.
+      or imported source is then ``unrepairable``. Or ``(Verdict.NOT_APPLICABLE, reason)``: the
+      installed environment masks the bug (xqa_workspace with FlashInfer 0.7.2 on), and the record
+      stands aside. It reads files only, never imports.
     * ``edits``: for a record whose repair is upstream's change of statements inside methods
       SGLang calls per step: ``code_edit.Edit`` values (which method, and the change of its syntax
       tree). Such a record is put in force by ``code_edit``: the methods run the installed file's

@@ -43,6 +43,8 @@ ENVIRONMENT_KEYS = (
     "sglang_version",
     "sglang_install_kind",
     "sglang_installed",
+    "flashinfer_version",
+    "flashinfer_location",
     "startup_file",
     "startup_file_active",
     "launcher_active",
@@ -201,6 +203,10 @@ def of_environment(hotfix):
         }
     )
     report["sglang_installed"] = detect.distribution_installed(hotfix)
+    # The FlashInfer a new process would import: the verdicts of encoder_only_mask and xqa_workspace
+    # depend on it (their reasons say how).
+    found = _flashinfer()
+    report["flashinfer_version"], report["flashinfer_location"] = found.version, found.folder
     report["accepted"] = hotfix.name in current.accepted_records
     code = exit_status(assessment.verdict, decision.action, patched, report["accepted"])
     if not report["sglang_installed"]:
@@ -208,6 +214,18 @@ def of_environment(hotfix):
         # protected, and saying NOTHING TO DO would pass a Dockerfile's `&& status` check.
         code = EXIT_ERROR
     return report, assessment, code
+
+
+_flashinfer_found = []
+
+
+def _flashinfer():
+    """The installed FlashInfer, read once per ``status`` (every record's report names it)."""
+    from . import flashinfer_install
+
+    if not _flashinfer_found:
+        _flashinfer_found.append(flashinfer_install.installed())
+    return _flashinfer_found[0]
 
 
 def source_exit_status(verdict, accepted=False):
@@ -573,11 +591,17 @@ def environment_line(report):
         if on
     ]
     switched = {key: value for key, value in (report.get("switches") or {}).items() if value}  # set ones only
-    line = "plugin %s at %s; SGLang %s (%s); loaders: %s; switches set: %s" % (
+    flashinfer = (
+        "FlashInfer %s at %s" % (report.get("flashinfer_version") or "(version unknown)", report["flashinfer_location"])
+        if report.get("flashinfer_location")
+        else "FlashInfer not installed"
+    )
+    line = "plugin %s at %s; SGLang %s (%s); %s; loaders: %s; switches set: %s" % (
         report.get("plugin_version"),
         report.get("plugin_location"),
         report.get("sglang_version") or "(not installed)",
         report.get("sglang_install_kind") or "-",
+        flashinfer,
         ", ".join(loaders) or "none active",
         readable(switched) if switched else "none",
     )

@@ -15,12 +15,16 @@ import ast
 import gc
 import logging
 
+import shutil
+
 import pytest
 import torch
 from packaging.version import Version
 
+import flashinfer_cases
 import release_selection
 import workspace_cases
+from conftest import clean_env, status_json
 from sglang_hotfix_trtllm import detect, patch
 from sglang_hotfix_trtllm.record import Verdict
 from sglang_hotfix_trtllm.records import xqa_workspace
@@ -254,3 +258,31 @@ def test_a_call_sglang_rejects_raises_its_error_and_says_nothing(caplog):
     finally:
         patch.remove_all()
     assert [r.getMessage() for r in caplog.records] == []
+
+
+@pytest.mark.parametrize("flashinfer, verdict", [("0.7.1", "affected"), ("0.7.2", "not-applicable")])
+def test_the_verdict_on_0_5_22_depends_on_whether_the_installed_flashinfer_leaves_its_counter(
+    tmp_path, flashinfer, verdict
+):
+    """Issue 50, item 2: the shared-workspace bug needs fmha_v2 to leave its tile counter in the
+    workspace's first 4 bytes: FlashInfer 0.7.1 does (``atomicAdd``), 0.7.2 wraps it back to 0
+    (``atomicInc``). SGLang 0.5.22 with each real FlashInfer (their files from the package index):
+    `status` names the FlashInfer and gives the record another, true verdict; with 0.7.2 the record
+    stands aside (0.14.0 repaired both)."""
+    environment = tmp_path / "site"
+    shutil.copytree(release_selection.release_dir("0.5.22"), environment)
+    shutil.copytree(flashinfer_cases.flashinfer_dir(flashinfer), environment, dirs_exist_ok=True)
+    for package in ("sglang", "sglang/srt", "sglang/srt/layers", "sglang/srt/layers/attention"):
+        (environment / package / "__init__.py").touch()  # a regular package, found before the venv's 0.5.12
+    ran = status_json(env=clean_env(PYTHONPATH=str(environment)))
+    report = ran.report
+    assert report["flashinfer_version"] == flashinfer and report["flashinfer_location"] == str(
+        environment / "flashinfer"
+    )
+    (record,) = [r for r in report["hotfixes"] if r["hotfix"] == "xqa_workspace"]
+    assert record["verdict"] == verdict, record
+    if verdict == "not-applicable":
+        assert record["reason"].startswith("masked by the installed FlashInfer: FlashInfer 0.7.2 at "), record
+        assert "wraps its fmha_v2 tile counter back to 0" in record["reason"] and not record["would_patch"]
+    else:
+        assert record["would_patch"] and record["decision"] == "patch", record
