@@ -42,6 +42,9 @@ def remove():
     state = sys.modules.get(__name__ + ".process_state")
     if state is not None:  # what `status --pid` reads of this process follows
         state.removed()
+    metrics = sys.modules.get(__name__ + ".metrics")
+    if metrics is not None:  # and what /metrics reads
+        metrics.report_removed()
     return restored
 
 

@@ -10,8 +10,9 @@ imports, each process that applies a record sets the sample
 
 (multiprocess mode ``max``: one sample per record across the server's
 processes), so ``/metrics`` of every server in a fleet says which records it
-runs with. When the variable is unset, nothing is imported and nothing is
-written. Never raises into the host: a metrics failure costs one DEBUG line.
+runs with. After ``remove()`` the process's samples read 0. When the variable
+is unset, nothing is imported and nothing is written. Never raises into the host:
+a metrics failure costs one DEBUG line.
 """
 
 import logging
@@ -24,6 +25,17 @@ GAUGE_NAME = "sglang_hotfix_trtllm_applied"
 LABELS = ("record", "sglang_version", "fingerprint")
 
 _gauge = None
+_set = []  # the label sets this process set to 1
+
+
+def report_removed():
+    """``remove()`` ran: this process's samples read 0 (a multiprocess sample stays in its file once
+    written, so it is set to 0, not taken away). Never raises."""
+    try:
+        while _set:
+            _gauge.labels(**_set.pop()).set(0)
+    except Exception as error:
+        say(logging.DEBUG, "could not set the removed records' samples to 0: %s: %s", type(error).__name__, error)
 
 
 def report_applied(hotfix, sglang_version, fingerprint):
@@ -65,9 +77,11 @@ def report_applied(hotfix, sglang_version, fingerprint):
                 registry=None,
                 multiprocess_mode="max",
             )
-        _gauge.labels(
+        labels = dict(
             record=hotfix.name, sglang_version=sglang_version or "unknown", fingerprint=fingerprint or "unknown"
-        ).set(1)
+        )
+        _gauge.labels(**labels).set(1)
+        _set.append(labels)
         return True
     except Exception as error:  # no prometheus_client, an unwritable folder: the patch stands regardless
         say(logging.DEBUG, "not reporting %s to Prometheus: %s: %s", hotfix.name, type(error).__name__, error)

@@ -40,6 +40,17 @@ def test_each_applied_record_is_one_sample_of_the_gauge(tmp_path):
     )
 
 
+def test_after_remove_every_sample_of_the_process_reads_0(tmp_path):
+    """Issue 48, item 3: /metrics kept 1.0 for every record after remove()."""
+    folder = tmp_path / "prometheus"
+    folder.mkdir()
+    code = IMPORT.replace("print(", "__import__('sglang_hotfix_trtllm').remove(); print(")
+    ran = run_python(["-c", code], cwd=tmp_path, env=clean_env(PROMETHEUS_MULTIPROC_DIR=str(folder)))
+    assert ran.returncode == 0 and ran.result is True, ran
+    samples = scrape(folder)
+    assert len(samples) == 5 and all(sample.endswith("} 0.0") for sample in samples), samples
+
+
 def test_records_turned_off_write_no_sample_and_import_nothing(tmp_path):
     folder = tmp_path / "prometheus"
     folder.mkdir()
