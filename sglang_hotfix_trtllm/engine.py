@@ -83,10 +83,24 @@ def decide(hotfix, assessment, current):
     the switches leave the record on. Imports wrapt when the verdict is
     affected and nothing else stands in the way."""
     if current.disables(hotfix.name):
-        return Decision(Action.DISABLED, current.why_disabled(hotfix.name))
+        why = current.why_disabled(hotfix.name)
+        # Turned off by name: said once in the process's log, as every other decision (README: "once
+        # per record"). Everything off (a value not understood) is said once, by the switch's warning.
+        said = None if current.disabled else "not patching %s for record %s: %s (turned off by the operator)"
+        return Decision(Action.DISABLED, why, said and said % (hotfix.target, hotfix.name, why))
     if callable(assessment):
         assessment = assessment()
     path = assessment.source_path
+    if assessment.verdict is Verdict.FIXED:
+        return Decision(
+            Action.FIXED,
+            "nothing to patch: the verdict is fixed",
+            "not patching %s for record %s: upstream already has the fix (%s; %s). Other records may still repair "
+            "this SGLang: once `sglang-hotfix-trtllm status` says NOTHING TO DO, the package can be removed: %s"
+            % (hotfix.target, hotfix.name, _version_text(hotfix, path), assessment.reason, UNINSTALL_HINT),
+        )
+    if assessment.verdict is Verdict.NOT_APPLICABLE:
+        return Decision(Action.NOT_APPLICABLE, "nothing to patch: the verdict is not-applicable")
     if current.excluded_by_sglang_plugins:
         return Decision(
             Action.EXCLUDED,
@@ -100,19 +114,11 @@ def decide(hotfix, assessment, current):
                 os.environ.get(switches.SGLANG_PLUGINS),
                 switches.PLUGIN_NAME,
             ),
+            # Asked only where there is something to do: a record fixed upstream or with nothing to
+            # repair says so whatever the allowlist ("add it there" would be advice for nothing).
             # A known bug left unpatched by the allowlist deserves a WARNING; elsewhere it is only information.
             logging.WARNING if assessment.verdict in (Verdict.AFFECTED, Verdict.UNREPAIRABLE) else logging.INFO,
         )
-    if assessment.verdict is Verdict.FIXED:
-        return Decision(
-            Action.FIXED,
-            "nothing to patch: the verdict is fixed",
-            "not patching %s for record %s: upstream already has the fix (%s; %s). Other records may still repair "
-            "this SGLang: once `sglang-hotfix-trtllm status` says NOTHING TO DO, the package can be removed: %s"
-            % (hotfix.target, hotfix.name, _version_text(hotfix, path), assessment.reason, UNINSTALL_HINT),
-        )
-    if assessment.verdict is Verdict.NOT_APPLICABLE:
-        return Decision(Action.NOT_APPLICABLE, "nothing to patch: the verdict is not-applicable")
     if assessment.verdict is Verdict.UNREPAIRABLE:
         # Not a refusal: the code is recognised, so strict mode (for code the hotfix does not
         # recognise) does not stop the import; status says NOT PROTECTED and exits 1.

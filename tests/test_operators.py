@@ -575,7 +575,11 @@ def test_uv_install_then_the_readmes_uv_removal_leaves_nothing_of_the_plugin(tmp
     )
     before = {p.relative_to(site) for p in site.rglob("*")}
     env = clean_env(PATH="%s:%s:%s" % (target / "bin", tool / "bin", os.environ["PATH"]))
-    (install,) = _readme_command("With uv:")
+    (install,) = _readme_command("With uv,")
+    # run inside the container (issue 48: `which` in the host's shell named the host's python)
+    prefix = "docker exec sglang sh -c '"
+    assert install.startswith(prefix) and install.endswith("'") and install.count("'") == 2, install
+    install = install[len(prefix) : -1]
     install = install.replace("/tmp/sglang_hotfix_trtllm-%s-py3-none-any.whl" % __version__, str(plugin_wheel))
     # The removal is one line in a fenced block, pasted as it is (issue 37 item 8: the inline
     # command spanned lines, and pasted from the file it broke and still exited 0).
