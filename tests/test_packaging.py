@@ -34,3 +34,19 @@ def test_wheel_declares_the_sglang_plugin_and_the_console_script(wheel):
     entry_points = _dist_file(wheel, "entry_points.txt")
     assert "sglang_hotfix_trtllm = sglang_hotfix_trtllm.plugin:register" in entry_points
     assert "sglang-hotfix-trtllm = sglang_hotfix_trtllm.cli:main" in entry_points
+
+
+def test_two_builds_with_source_date_epoch_are_the_same_bytes(tmp_path, monkeypatch):
+    """Issue 48, item 3: two builds of one checkout differed in their timestamps, so a sha256 pin
+    of the wheel could not be checked by rebuilding it. With SOURCE_DATE_EPOCH set (docs/reference.md
+    shows the command), the wheel is the same, byte for byte."""
+    import hashlib
+
+    import plugin_wheel
+
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1764900000")
+    digests = set()
+    for build in ("first", "second"):
+        wheel = plugin_wheel.from_checkout(tmp_path / build)
+        digests.add(hashlib.sha256(wheel.read_bytes()).hexdigest())
+    assert len(digests) == 1
