@@ -32,15 +32,37 @@ class HotfixError(ImportError):
     """
 
 
-def wrapt_problem():
-    """None when wrapt imports, else why not. Asked by the import hook before
-    wrapping and by ``status`` before promising protection: one answer."""
+# What the wrappers use of wrapt: a module named wrapt without them is not the wrapt package.
+WRAPT_NAMES = ("FunctionWrapper", "BoundFunctionWrapper")
+
+
+def wrapt_problem(search_first=None):
+    """None when wrapt imports and is the wrapt package, else why not. Asked by the import hook
+    before wrapping and by ``status`` before promising protection: one answer. ``status`` passes
+    the folder a ``python -m`` or ``python -c`` process started in its folder would search first
+    (the current one): a ``wrapt.py`` or ``wrapt/`` there shadows the package in such processes,
+    while ``status`` itself, a console script, does not see it (issue 48, item 3)."""
+    if search_first is not None:
+        for name in ("wrapt.py", "wrapt"):
+            candidate = os.path.join(search_first, name)
+            if os.path.exists(candidate):
+                return (
+                    "%s shadows the wrapt package for `python -m` and `python -c` processes started in %s (they "
+                    "search that folder first): rename it, or start SGLang elsewhere" % (candidate, search_first)
+                )
     try:
-        import wrapt  # noqa: F401  (the import is the check)
+        import wrapt
     except Exception as error:
         return "wrapt cannot be imported (%s: %s); install it: pip install 'wrapt>=1.14'" % (
             type(error).__name__,
             error,
+        )
+    missing = [name for name in WRAPT_NAMES if not hasattr(wrapt, name)]
+    if missing:
+        return (
+            "the module imported as wrapt (%s) is not the wrapt package (it has no %s): a file or folder named "
+            "wrapt shadows it; rename that, or reinstall wrapt: pip install 'wrapt>=1.14'"
+            % (getattr(wrapt, "__file__", None) or "no file", ", ".join(missing))
         )
     return None
 
@@ -76,12 +98,13 @@ class Decision(Value):
     _defaults = {"message": None, "level": logging.INFO}
 
 
-def decide(hotfix, assessment, current):
+def decide(hotfix, assessment, current, search_first=None):
     """The one decision, made the same way by the import hook (which acts on
     it) and by ``status`` and ``verify`` (which report it). ``assessment`` is
     the verdict on the code, or a function returning it: it is asked only when
     the switches leave the record on. Imports wrapt when the verdict is
-    affected and nothing else stands in the way."""
+    affected and nothing else stands in the way. ``search_first``: ``status``'s current folder, which
+    a ``python -m`` process started there searches first (``wrapt_problem``)."""
     if current.disables(hotfix.name):
         why = current.why_disabled(hotfix.name)
         # Turned off by name: said once in the process's log, as every other decision (README: "once
@@ -146,7 +169,7 @@ def decide(hotfix, assessment, current):
             ),
             logging.WARNING,
         )
-    problem = wrapt_problem() if hotfix.mechanism == "wrap" else None  # an edit needs no wrapt
+    problem = wrapt_problem(search_first) if hotfix.mechanism == "wrap" else None  # an edit needs no wrapt
     if problem is not None:
         return Decision(
             Action.WRAPT_UNUSABLE,

@@ -174,7 +174,7 @@ def of_environment(hotfix):
     assessment = detect.assess_installed(hotfix)
     dist = source.distribution(hotfix.distribution, assessment.source_path, hotfix.module)
     current = switches.read()
-    decision = engine.decide(hotfix, assessment, current)
+    decision = engine.decide(hotfix, assessment, current, search_first=os.getcwd())
     path, active = startup_file()
     under_launcher = launcher_active()
     entry_point = entry_point_installed()

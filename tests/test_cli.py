@@ -186,3 +186,17 @@ def test_status_in_a_python_without_sglang_says_so_and_fails(tmp_path):
         assert ran.returncode == 2, ran.stdout + ran.stderr
         first = ran.stdout.splitlines()[0] if arguments == ["status"] else json.loads(ran.stdout)["headline"]
         assert first.startswith("CANNOT PATCH: SGLang is not installed for this Python (%s" % sys.executable), first
+
+
+def test_a_wrapt_py_in_the_current_folder_is_cannot_patch_and_the_process_blames_it(tmp_path):
+    """Issue 48, item 3: a ``wrapt.py`` in the folder a server starts in shadows the wrapt package
+    for ``python -m`` processes; `status` (a console script, which does not search that folder) said
+    PROTECTED, and the process logged an internal error of the hotfix and ran unpatched."""
+    (tmp_path / "wrapt.py").write_text("# someone's script\n")
+    ran = status_json(cwd=str(tmp_path))
+    assert ran.returncode == 2 and ran.report["headline"].startswith("CANNOT PATCH"), ran.report["headline"]
+    assert "wrapt.py shadows the wrapt package" in ran.report["headline"]
+    imported = run_python(["-c", "import sglang.srt.layers.attention.trtllm_mha_backend"], cwd=tmp_path)
+    assert imported.returncode == 0, imported
+    said = [line for line in imported.hotfix_lines() if "pr26521" in line]
+    assert len(said) == 1 and "is not the wrapt package" in said[0] and "internal error" not in said[0], said
