@@ -297,6 +297,17 @@ def target_install(tmp_path_factory, plugin_wheel):
     return folder
 
 
+def pytest_collection_modifyitems(config, items):
+    """The long tests first, shared between the workers by length (``support/collection_order.py``): the
+    README's command runs two work-stealing workers, and a minute-long test started last on one of
+    them kept the run waiting on one core."""
+    workers = getattr(config, "workerinput", {}).get("workercount") or getattr(config.option, "numprocesses", 0)
+    if isinstance(workers, int) and workers > 1:
+        import collection_order
+
+        items[:] = collection_order.ordered(items, workers)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session):
     """On a run's controlling process (pytest-xdist's, or the only one), every release the tests
