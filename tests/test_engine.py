@@ -98,7 +98,7 @@ def test_status_and_the_import_hook_act_on_engine_decide_alone(monkeypatch):
     from sglang_hotfix_trtllm.records import pr26521
 
     said = engine.Decision(engine.Action.DISABLED, "the test's decide says so")
-    monkeypatch.setattr(engine, "decide", lambda hotfix, assessment, current: said)
+    monkeypatch.setattr(engine, "decide", lambda hotfix, assessment, current, search_first=None: said)
     report, _, code = status.of_environment(pr26521.HOTFIX)
     assert (report["decision"], report["would_patch"], report["would_patch_reason"], code) == (
         "disabled",
