@@ -17,6 +17,9 @@ module, or the method's name used as a string (``setattr(cls, "name", f)``).
 """
 
 import ast
+import collections
+import functools
+import threading
 
 from . import source
 
@@ -97,28 +100,77 @@ def live_definition(body, name, kind):
 def _walk_index(tree):
     """What the rebinding checks look for, from one walk of the module: the
     first line of each ``global`` name, of each attribute stored or deleted,
-    and of each string constant."""
+    and of each string constant. The nodes are visited in ``ast.walk``'s order
+    (breadth first, children in field order), with the children read inline:
+    the generators of ``ast.walk`` were most of a classification's time."""
     globals_, stores, strings = {}, {}, {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Global):
+    todo = collections.deque([tree])
+    pop, extend, AST = todo.popleft, todo.extend, ast.AST
+    Global, Attribute, Constant, writes = ast.Global, ast.Attribute, ast.Constant, (ast.Store, ast.Del)
+    while todo:
+        node = pop()
+        for field in node._fields:
+            value = getattr(node, field, None)
+            if isinstance(value, AST):
+                extend((value,))
+            elif isinstance(value, list):
+                extend([item for item in value if isinstance(item, AST)])
+        kind = type(node)
+        if kind is Global:
             for name in node.names:
                 globals_.setdefault(name, node.lineno)
-        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)):
+        elif kind is Attribute and isinstance(node.ctx, writes):
             stores.setdefault(node.attr, node.lineno)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+        elif kind is Constant and isinstance(node.value, str):
             strings.setdefault(node.value, node.lineno)
     return globals_, stores, strings
 
 
+_walking = threading.local()  # .tree, .index: while one_walk(tree) is open in this thread
+
+
+class one_walk:
+    """While open, the checks of ``tree`` in this thread share one walk of it (``live_class`` and
+    ``live_methods`` each ask for the index: a tree classified outside ``shared_parses`` was walked
+    twice per record). Closed, nothing is kept: a caller may change its tree between two calls."""
+
+    def __init__(self, tree):
+        self.tree = tree
+
+    def __enter__(self):
+        self.outer = getattr(_walking, "tree", None), getattr(_walking, "index", None)
+        _walking.tree, _walking.index = self.tree, None
+        return self
+
+    def __exit__(self, *exc):
+        _walking.tree, _walking.index = self.outer
+        return False
+
+
+def walked_once(classify):
+    """``classify`` (a record's ``Hotfix.classify``) with one walk of its tree for all its checks."""
+
+    @functools.wraps(classify)
+    def classify_walking_once(tree):
+        with one_walk(tree):
+            return classify(tree)
+
+    return classify_walking_once
+
+
 def _index(tree):
     """The index of ``tree``: the kept ``ParsedSource``'s when it is that tree (the
-    records of one module share one walk), else walked now. Nothing is stored
-    on the tree: classification never modifies it."""
+    records of one module share one walk), else the open ``one_walk``'s, else walked now.
+    Nothing is stored on the tree: classification never modifies it."""
     kept = _kept
     if kept is not None and kept.tree is tree:
         if kept.index is None:
             kept.index = _walk_index(tree)
         return kept.index
+    if getattr(_walking, "tree", None) is tree:
+        if _walking.index is None:
+            _walking.index = _walk_index(tree)
+        return _walking.index
     return _walk_index(tree)
 
 
@@ -259,6 +311,11 @@ def live_method_classified(tree, class_name, method_name):
     class: the live class and method, the method's fingerprint, and ``verdict(value, reason)``, a
     Classification by that fingerprint and the method's first line; or, when either is missing or
     cannot be followed, ``refusal`` (an ``unknown`` Classification saying why) and None for the rest."""
+    with one_walk(tree):
+        return _live_method_classified(tree, class_name, method_name)
+
+
+def _live_method_classified(tree, class_name, method_name):
     cls, class_problem = live_class(tree, class_name)
     if cls is None:
         return Classification(Verdict.UNKNOWN, class_problem, of_node(tree)), None, None, None, None

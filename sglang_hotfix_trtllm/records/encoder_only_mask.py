@@ -315,7 +315,7 @@ HOTFIX = Hotfix(
     effect="FlashInfer's TRT-LLM context kernel receives causal=False for ENCODER_ONLY layers",
     distribution="sglang",
     target="%s.%s.%s" % (routes.MODULE, CLASS_NAME, METHOD),
-    classify=classify,
+    classify=detect.walked_once(classify),
     edits=EDITS,
     new_names=NEW_NAMES,
     environment=environment_problem,

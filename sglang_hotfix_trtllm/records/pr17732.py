@@ -42,7 +42,7 @@ upstream's two statements and the module imports ``canonicalize_stride``; ``unkn
 import ast
 import os
 
-from .. import code_edit
+from .. import code_edit, detect
 from . import pr28144
 from . import trtllm_kernel_routes as routes
 from ..fingerprint import of_node
@@ -234,7 +234,7 @@ HOTFIX = Hotfix(
     distribution="sglang",
     target="%s.%s.%s" % (routes.MODULE, CLASS_NAME, METHODS[0]),
     also=METHODS[1:],
-    classify=classify,
+    classify=detect.walked_once(classify),
     edits=EDITS,
     new_names=NEW_NAMES,
     known_fingerprints=ReleaseTable(os.path.join(os.path.dirname(os.path.abspath(__file__)), "pr17732_releases.json")),

@@ -147,7 +147,7 @@ HOTFIX = Hotfix(
     effect="FlashInfer's XQA decode kernel receives the query packed",
     distribution="sglang",
     target="%s.%s.%s" % (routes.MODULE, CLASS_NAME, METHOD),
-    classify=classify,
+    classify=detect.walked_once(classify),
     edits=EDITS,
     known_fingerprints=ReleaseTable(os.path.join(os.path.dirname(os.path.abspath(__file__)), "pr31667_releases.json")),
 )

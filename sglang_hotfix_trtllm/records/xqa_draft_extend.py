@@ -283,7 +283,7 @@ HOTFIX = Hotfix(
     effect="draft extend and target verify on XQA keep BF16 Q and get the spec-decoding mask",
     distribution="sglang",
     target="%s.%s.%s" % (routes.MODULE, CLASS_NAME, METHOD),
-    classify=classify,
+    classify=detect.walked_once(classify),
     edits=EDITS,
     known_fingerprints=ReleaseTable(os.path.join(os.path.dirname(os.path.abspath(__file__)), NAME + "_releases.json")),
 )

@@ -364,7 +364,7 @@ HOTFIX = Hotfix(
     effect="on SM90/SM120 the shared workspace holds 8 MiB for XQA's semaphores and fmha_v2 gets the part after them",
     distribution="sglang",
     target="%s.%s.%s" % (routes.MODULE, CLASS_NAME, METHOD),
-    classify=classify,
+    classify=detect.walked_once(classify),
     edits=EDITS,
     new_names=NEW_NAMES,
     # forward_extend reads what __init__ makes: never put in force while backends built without it live.

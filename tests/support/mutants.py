@@ -36,7 +36,7 @@ line before and after the mutation, for reports.
 """
 
 import ast
-import copy
+import pickle
 
 STATEMENT_LISTS = ("body", "orelse", "finalbody")
 
@@ -159,7 +159,7 @@ def _body_edit(owner_path, field, index, operator, statement_text=None):
             body[index], body[index + 1] = second, first
             return first.lineno, _first_line(first), "(after) " + _first_line(second)
         if operator == "dup":
-            body.insert(index + 1, copy.deepcopy(body[index]))
+            body.insert(index + 1, _copied(body[index]))
             return body[index].lineno, _first_line(body[index]), "(twice) " + _first_line(body[index])
         if operator in ("write", "write_first"):
             new = ast.parse(statement_text).body
@@ -249,6 +249,12 @@ def _compiles(method_text, indent):
     return True
 
 
+def _copied(node):
+    """A deep copy of ``node``: through pickle, several times faster than ``copy.deepcopy`` for a
+    syntax tree (a method's copy per mutant was a quarter of a mutation test's time)."""
+    return pickle.loads(pickle.dumps(node))
+
+
 def generate(text, class_name, method_names, writes):
     """Every mutant of the methods ``method_names`` of ``class_name`` in module
     source ``text``; ``writes``: name -> statement text for ``write`` mutants."""
@@ -262,7 +268,7 @@ def generate(text, class_name, method_names, writes):
         # The method unmutated, as ast.unparse writes it: a mutant equal to it changes nothing.
         seen.add(head + "\n" + _method_text(function, function.col_offset) + "\n" + tail)
         for operator, detail, edit in _sites(function, writes):
-            mutated = copy.deepcopy(function)
+            mutated = _copied(function)
             line, before, after = edit(mutated)
             method_text = _method_text(mutated, function.col_offset)
             if not _compiles(method_text, function.col_offset):
