@@ -163,7 +163,7 @@ def _edit_text(hotfix, report, assessment):
 
 
 def status(arguments):
-    from . import detect, status as state
+    from . import detect, source, status as state
 
     if arguments.accept:  # the same as the variable, for this status only (merged with it)
         from .switches import ACCEPT
@@ -180,7 +180,8 @@ def status(arguments):
         with detect.shared_parses(), state.shared_walks():  # one walk, one parse per file, for all records
             return _status_of_source(arguments, state)
     reports, texts, worst = [], [], state.EXIT_OK
-    with detect.shared_parses():  # the records read one file: parse it once
+    # The records read one file (parsed once) and one FlashInfer's metadata (read once).
+    with detect.shared_parses(), source.remembering():
         assessed = [(hotfix,) + state.of_environment(hotfix) for hotfix in catalog.HOTFIXES]
     for hotfix, report, assessment, code in assessed:
         if code == state.EXIT_ERROR and report["sglang_installed"]:  # without SGLang: said once, below

@@ -49,13 +49,8 @@ def state_dir(uid=None, environ=None):
 def start_ticks(pid):
     """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat), as text;
     None where there is no /proc or the process is gone."""
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as handle:
-            text = handle.read().decode("ascii", "replace")
-    except (OSError, ValueError):
-        return None
-    fields = text.rpartition(")")[2].split()  # the command name, in parentheses, may hold spaces
-    return fields[19] if len(fields) > 19 else None
+    fields = _stat_fields(pid)
+    return fields[19].decode("ascii", "replace") if fields and len(fields) > 19 else None
 
 
 def _own_uid():
@@ -176,13 +171,22 @@ def alive(pid):
 
 
 def _stat_fields(pid):
-    """The fields of /proc/PID/stat after the command name (state first), or None."""
+    """The fields of /proc/PID/stat after the command name (state first: field 3), or None. The
+    command name, in parentheses, may hold spaces and parentheses: the fields follow the last ")"."""
     try:
         with open("/proc/%d/stat" % pid, "rb") as handle:
             data = handle.read()
-    except OSError:
+    except (OSError, ValueError):
         return None
-    return data[data.rfind(b")") + 2 :].split()
+    return data.rpartition(b")")[2].split()
+
+
+def _pids():
+    """Every process id /proc lists ([] where it cannot be read)."""
+    try:
+        return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+    except OSError:
+        return []
 
 
 def is_zombie(pid):
@@ -193,16 +197,12 @@ def is_zombie(pid):
 def children_of(pid):
     """The live processes whose parent is ``pid`` (a server's main process and the schedulers it
     spawned), from /proc; [] where it cannot be read."""
+    parent = str(pid).encode()
     found = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return found
-    for entry in entries:
-        if entry.isdigit():
-            fields = _stat_fields(int(entry))
-            if fields and len(fields) > 1 and fields[1] == str(pid).encode() and fields[0] != b"Z":
-                found.append(int(entry))
+    for candidate in _pids():
+        fields = _stat_fields(candidate)
+        if fields and len(fields) > 1 and fields[1] == parent and fields[0] != b"Z":
+            found.append(candidate)
     return sorted(found)
 
 
@@ -337,14 +337,4 @@ def looks_like_sglang(pid):
 def sglang_pids():
     """Live processes of this host or container whose command line names SGLang (a server, its
     schedulers, an Engine script), this one excepted."""
-    found = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return found
-    for entry in entries:
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        if _names_sglang(command_line(int(entry)) or ()):
-            found.append(int(entry))
-    return sorted(found)
+    return sorted(pid for pid in _pids() if pid != os.getpid() and _names_sglang(command_line(pid) or ()))

@@ -205,7 +205,9 @@ def of_environment(hotfix):
     report["sglang_installed"] = detect.distribution_installed(hotfix)
     # The FlashInfer a new process would import: the verdicts of encoder_only_mask and xqa_workspace
     # depend on it (their reasons say how).
-    found = _flashinfer()
+    from . import flashinfer_install
+
+    found = flashinfer_install.installed()
     report["flashinfer_version"], report["flashinfer_location"] = found.version, found.folder
     report["accepted"] = hotfix.name in current.accepted_records
     code = exit_status(assessment.verdict, decision.action, patched, report["accepted"])
@@ -214,18 +216,6 @@ def of_environment(hotfix):
         # protected, and saying NOTHING TO DO would pass a Dockerfile's `&& status` check.
         code = EXIT_ERROR
     return report, assessment, code
-
-
-_flashinfer_found = []
-
-
-def _flashinfer():
-    """The installed FlashInfer, read once per ``status`` (every record's report names it)."""
-    from . import flashinfer_install
-
-    if not _flashinfer_found:
-        _flashinfer_found.append(flashinfer_install.installed())
-    return _flashinfer_found[0]
 
 
 def source_exit_status(verdict, accepted=False):

@@ -5,7 +5,7 @@ import os
 import pytest
 
 import sglang_hotfix_trtllm_autoload as autoload
-from conftest import clean_env, run_python, shadow
+from conftest import clean_env, run_python, sglang_tree, shadow
 from sglang_hotfix_trtllm import switches
 from sglang_hotfix_trtllm.records import catalog
 
@@ -96,12 +96,7 @@ def test_lookups_racing_the_import_never_leave_the_backend_unpatched(tmp_path, v
     another thread could take the importing thread's spec: the backend then ran unpatched, unlogged.
     With 0.14.0's line the probe lost 91 of 3000 trials (find_spec), 47 of 1000 (reload), 67 of
     1000 (finder); the finder now keeps nothing between lookups and lets no lock go."""
-    package = tmp_path / "stand_in"
-    attention = package / "sglang" / "srt" / "layers" / "attention"
-    attention.mkdir(parents=True)
-    for folder in (package / "sglang", package / "sglang" / "srt", attention.parent, attention):
-        (folder / "__init__.py").write_text("")
-    (attention / "trtllm_mha_backend.py").write_text("x = 1\n")
+    package = sglang_tree(tmp_path / "stand_in", "x = 1\n")  # the watched module, with nothing in it
     for number in range(100):
         (package / ("small_%d.py" % number)).write_text("v = %d\n" % number)
     probe = os.path.join(REPO, "tests", "support", "finder_race_probe.py")
@@ -114,12 +109,7 @@ def test_a_pth_without_its_lookup_line_costs_one_line_and_the_import_proceeds(tm
     """The .pth line's finder reads the lookup from the .pth's comment line (it costs a line read
     at start, where the line's own text is compiled): where no .pth on sys.path holds it (a copy of
     the line run elsewhere, a hand-edited file), one line on stderr and the module runs unpatched."""
-    package = tmp_path / "stand_in"
-    attention = package / "sglang" / "srt" / "layers" / "attention"
-    attention.mkdir(parents=True)
-    for folder in (package / "sglang", package / "sglang" / "srt", attention.parent, attention):
-        (folder / "__init__.py").write_text("")
-    (attention / "trtllm_mha_backend.py").write_text("x = 1\n")
+    package = sglang_tree(tmp_path / "stand_in", "x = 1\n")  # the watched module, with nothing in it
     code = "import sys; exec(sys.argv[1]); import sglang.srt.layers.attention.trtllm_mha_backend as m; print(m.x)"
     ran = run_python(["-S", "-c", code, autoload.startup_line()], cwd=tmp_path, env=clean_env(PYTHONPATH=str(package)))
     assert ran.returncode == 0 and ran.stdout == "1\n", ran
