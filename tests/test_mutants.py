@@ -81,6 +81,7 @@ import torch
 from packaging.version import Version
 
 import capture_harness
+import code_variants
 import fp8_cases
 import isolated_release
 import mutants
@@ -888,7 +889,7 @@ def test_every_mutant_is_refused_or_repaired_exactly(name, release, release_sour
     repaired = 0
     violations = []
     for index, mutant in enumerate(generated, 1):
-        classification = record.classify(ast.parse(mutant.text))
+        classification = record.classify(mutant.tree())
         verdict = classification.verdict
         verdicts[verdict.value] += 1
         if verdict is Verdict.UNKNOWN:
@@ -922,3 +923,72 @@ def test_every_mutant_is_refused_or_repaired_exactly(name, release, release_sour
         summary,
         "\n  ".join(violations),
     )
+
+
+SMALL_MODULE = '''import torch
+
+
+class TRTLLMHAAttnBackend:
+    @staticmethod
+    def first(x):
+        return x
+
+
+    def forward_decode(self, q, k, v, layer):
+        """Decode."""
+        scale = 1.0
+        if layer is None:
+            scale = 2.0
+        return q * scale
+after = TRTLLMHAAttnBackend
+
+
+def tail(a=1):
+    return {"a": a}
+'''
+
+
+@pytest.mark.parametrize("where", ["small", INSTALLED])
+def test_a_mutants_tree_is_the_parse_of_its_text(where, release_source):
+    """``Mutant.tree`` (what the tests classify, made without parsing the whole file) equals
+    ``ast.parse(mutant.text)``, positions included: for every mutant of a method that ends its class
+    (the class's end moves with it) and for a sample of the installed release's."""
+    if where == "small":
+        text, names, step = SMALL_MODULE, ("forward_decode", "first"), 1
+    else:
+        text, names, step = release_source(INSTALLED)[0], ("forward_decode", "__init__"), 9
+    generated = list(mutants.generate(text, CLASS_NAME, names, {"write": "q = q"}))[::step]
+    assert len(generated) >= 20
+    lengths = set()
+    for mutant in generated:
+        want = ast.dump(ast.parse(mutant.text), include_attributes=True)
+        assert ast.dump(mutant.tree(), include_attributes=True) == want, mutant.describe()
+        assert ast.dump(mutant.tree(), include_attributes=True) == want, mutant.describe()  # made again, alike
+        lengths.add(mutant.text.count("\n"))
+    assert len(lengths) >= 3  # mutants shorter and longer than the method, so later lines moved both ways
+
+
+@pytest.mark.parametrize("name", ["pr28144", "pr31667"])
+def test_code_outside_the_edited_methods_is_repaired_exactly(name, release_source, tmp_path, monkeypatch, no_switches):
+    """Code other than the methods pr28144 and pr31667 edit, reaching FlashInfer's kernels or
+    changed (``code_variants``; each refused until 0.14.0, as a route around the gate): the record
+    repairs it, and what the kernels receive equals upstream's change applied to that variant, in
+    every case of ``ScaleRepair`` (pr28144) and ``QueryRepair`` (pr31667)."""
+    record = RECORDS[name]["record"]
+    text, root = release_source(INSTALLED)
+    repair = {"pr28144": ScaleRepair, "pr31667": QueryRepair}[name](
+        importlib.metadata.version("sglang"), root, tmp_path, monkeypatch
+    )
+    wrong = {}
+    for index, (variant, edit) in enumerate(sorted(code_variants.OUTSIDE_THE_EDITED_METHODS.items()), 1):
+        tree = ast.parse(text)
+        edit(tree)
+        changed = ast.unparse(ast.fix_missing_locations(tree))
+        verdict = record.classify(ast.parse(changed)).verdict
+        if verdict is not Verdict.AFFECTED:
+            wrong[variant] = verdict.value
+        elif index == 1 and repair.check(index, changed, patched=False) is None:
+            wrong[variant] = "the differential does not tell the bug from the fix"
+        else:
+            wrong[variant] = repair.check(index, changed)
+    assert {variant: problem for variant, problem in wrong.items() if problem is not None} == {}

@@ -1,7 +1,7 @@
 """The third record, pr28144: FlashInfer's TRT-LLM kernels get the FP8 KV cache's scales.
 
 Verdicts: every release of the shipped table from its own source, and hand-made variants of
-the affected code (each must be refused). The record's own machinery (the two wrappers and the
+the methods the record edits (each must be refused). The record's own machinery (the two wrappers and the
 ``flashinfer`` gate) on a release's own module: applied, removed, composed, never raising.
 Whether the kernel receives upstream's arguments, case by case and release by release, is
 test_pr28144_differential.py's question.
@@ -12,10 +12,11 @@ import ast
 import pytest
 from packaging.version import Version
 
+import code_variants
 import release_selection
 from sglang_hotfix_trtllm import detect
 from sglang_hotfix_trtllm.record import Verdict
-from sglang_hotfix_trtllm.records import pr28144, trtllm_kernel_routes
+from sglang_hotfix_trtllm.records import pr28144
 
 HOTFIX = pr28144.HOTFIX
 TABLE = release_selection.table(HOTFIX)
@@ -62,98 +63,13 @@ def _edit(text, edit):
     return ast.unparse(ast.fix_missing_locations(tree))
 
 
-def _method(tree, name):
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == pr28144.CLASS_NAME)
-    return next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name)
-
-
-def _append_to(method_name, statement):
-    def edit(tree):
-        _method(tree, method_name).body.append(ast.parse(statement).body[0])
-
-    return edit
-
-
-def _helper_calling_a_kernel(tree):
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == pr28144.CLASS_NAME)
-    cls.body.append(
-        ast.parse(
-            "def _other(self, **kw):\n    return flashinfer.decode.%s(**kw)" % trtllm_kernel_routes.KERNELS["decode"]
-        ).body[0]
-    )
-
-
-def _rebinding_flashinfer(tree):
-    tree.body.append(ast.parse("flashinfer = None").body[0])
-
-
-def _aliased_import(tree):
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name == "flashinfer":
-                    alias.asname = "fi"
-    tree.body.append(ast.parse("flashinfer = fi").body[0])
-
-
-def _a_second_flashinfer_import(tree):
-    tree.body.append(ast.parse("import flashinfer").body[0])
-
-
-def _upstream_helper_changed(tree):
-    """0.5.14's code with its _get_bmm_scales edited: fixed no more, unknown."""
-    method = _method(tree, pr28144.BMM_SCALES)
-    method.body.insert(0, ast.parse("layer = layer").body[0])
-
-
-def _helper_reaching_the_kernel_by_a_computed_name(tree):
-    """A helper forward_decode calls reaches the kernel through getattr: the gate would repair
-    that call, not SGLang's (the reviewer's case)."""
-    method = _method(tree, "_get_layer_page_table")
-    probe = "getattr(flashinfer.decode, 'trtllm_batch_%s_with_kv_cache' % 'decode')"
-    method.body.insert(0, ast.parse("_ = " + probe).body[0])
-
-
-def _earlier_definition_kept_callable(tree):
-    """An earlier `def forward_decode` Python replaces, kept callable under another name."""
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == pr28144.CLASS_NAME)
-    live = _method(tree, "forward_decode")
-    index = cls.body.index(live)
-    cls.body.insert(index, ast.parse("_kept = forward_decode").body[0])
-    cls.body.insert(index, ast.parse(ast.unparse(live)).body[0])
-
-
-def _import_adding(statement):
-    def edit(tree):
-        tree.body.insert(0, ast.parse(statement).body[0])
-
-    return edit
-
-
-def _helper_changed(tree):
-    _method(tree, "_should_use_fused_fp8_path").body.insert(0, ast.parse("k = k").body[0])
-
-
+# Changes of the methods the record edits: not the code of a known release, refused. (Until 0.14.0
+# code outside them was refused too, where it could reach a kernel around the gate on ``flashinfer``:
+# those variants are repaired now, and proven exact in test_mutants.)
 VARIANTS_OF_AFFECTED = {
-    "a_helper_reaching_the_kernel_by_a_computed_name": _helper_reaching_the_kernel_by_a_computed_name,
-    "an_earlier_definition_kept_callable": _earlier_definition_kept_callable,
-    "a_helper_the_methods_call_changed": _helper_changed,
-    "forward_decode_changed": _append_to("forward_decode", "q = q"),
-    "forward_extend_changed": _append_to("forward_extend", "bmm2_scale = 2.0"),
-    "a_helper_names_a_kernel": _helper_calling_a_kernel,
-    "flashinfer_rebound": _rebinding_flashinfer,
-    "flashinfer_imported_under_another_name": _aliased_import,
-    "flashinfer_imported_twice": _a_second_flashinfer_import,
-    # Kernels bound by alias: a route the gate cannot see (issue 28, item 5).
-    "a_kernel_imported_by_alias": _import_adding(
-        "from flashinfer.decode import trtllm_batch_decode_with_kv_cache as k"
-    ),
-    "a_kernel_imported_by_its_name": _import_adding(
-        "from flashinfer.prefill import trtllm_batch_context_with_kv_cache"
-    ),
-    "a_kernel_submodule_imported": _import_adding("from flashinfer import decode"),
-    "a_kernel_submodule_imported_as": _import_adding("import flashinfer.decode as fd"),
-    "a_star_import_of_a_kernel_submodule": _import_adding("from flashinfer.decode import *"),
+    "forward_decode_changed": code_variants.append_to("forward_decode", "q = q"),
+    "forward_extend_changed": code_variants.append_to("forward_extend", "bmm2_scale = 2.0"),
+    "an_upstream_helper_of_another_value": code_variants.upstream_helper_added,
 }
 
 
@@ -168,7 +84,7 @@ def test_hand_made_variants_of_affected_code_are_unknown(variant):
 def test_fixed_code_whose_helper_differs_from_0_5_14s_is_unknown():
     text = source_of("0.5.14")
     assert classify(text).verdict is Verdict.FIXED
-    assert classify(_edit(text, _upstream_helper_changed)).verdict is Verdict.UNKNOWN
+    assert classify(_edit(text, code_variants.upstream_helper_changed)).verdict is Verdict.UNKNOWN
 
 
 def test_the_record_wraps_both_methods_and_names_both_in_its_line():

@@ -71,15 +71,16 @@ def _method(tree, name):
     return [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name][-1]
 
 
+# A change of the method the record edits: not a known release's code, refused. (Code outside it
+# was refused too until 0.14.0, as a route around the gate: repaired now, proven exact by
+# test_mutants' test_code_outside_the_edited_methods_is_repaired_exactly.)
 VARIANTS = {
     "forward_decode_changed": lambda tree: _method(tree, "forward_decode").body.append(ast.parse("q = q").body[0]),
-    "a_helper_it_calls_changed": lambda tree: _method(tree, "_get_layer_page_table").body.insert(
-        0, ast.parse("layer = layer").body[0]
+    "forward_decode_defined_again_below": lambda tree: next(
+        n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == pr31667.CLASS_NAME
+    ).body.append(
+        ast.parse("def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):\n    return q").body[0]
     ),
-    "a_kernel_imported_by_alias": lambda tree: tree.body.insert(
-        0, ast.parse("from flashinfer.decode import trtllm_batch_decode_with_kv_cache as k").body[0]
-    ),
-    "flashinfer_imported_twice": lambda tree: tree.body.append(ast.parse("import flashinfer").body[0]),
 }
 
 

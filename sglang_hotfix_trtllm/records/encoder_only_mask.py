@@ -15,23 +15,18 @@ layer.attn_type == AttentionType.ENCODER_ONLY else "causal")``. Who: BERT-family
 ``trtllm_mha`` by default on SM100 from 0.5.7 (any release with ``--attention-backend
 trtllm_mha``): each token attends only to those before it, so embeddings and scores are wrong.
 
-Repaired on SGLang 0.5.11 to 0.5.21's code (``AFFECTED``), through FlashInfer's kernel call site
-(``trtllm_kernel_site``, shared with pr28144, pr31667 and xqa_workspace): a ``forward_extend`` call
-whose layer is ``ENCODER_ONLY`` is noted, and each prefill-kernel call it makes gets 0.5.22's
-argument for that layer: ``causal=False`` on the context kernel, ``mask_mode="padding"`` on fmha_v2
-(0.5.19 on, SM90/SM120; SGLang passes it ``(q, paged_kv)`` first, the site's
-``register_noted_kernel``). Every other argument is SGLang's own object, and every other call (a
-decoder layer: 0.5.22's ``causal=True`` is the context kernel's default, its ``mask_mode`` the
-release's ``"causal"``) runs SGLang's method alone. The decode kernel (target verify, draft extend)
-gets nothing new, as in 0.5.22. From 0.5.16 the context kernel is called from
-``_trtllm_context_attn``, a function nested in ``forward_extend``: the site counts a call made by a
-function the method defines as the method's own, and repairs each such call, so 0.5.16's context
-parallelism (its zigzag strategy calls the nested function once per half of the batch) gets
-``causal=False`` on both calls, as the nested call with 0.5.22's argument would. From 0.5.19
-``_run_fixed_q_len_decode`` calls the decode kernel for the method (``KERNEL_CALLERS``, pinned by
-fingerprint): the site passes its calls with SGLang's arguments (``register_delegate``). On 0.5.19
-to 0.5.21 record xqa_workspace repairs fmha_v2's workspace through the same gate: fmha_v2 gets its
-workspace view and this record's ``mask_mode`` both.
+Repaired on SGLang 0.5.11 to 0.5.21's code (``AFFECTED``) by upstream's code (``code_edit``):
+``forward_extend``, compiled from the installed file with 0.5.22's arguments in its prefill-kernel
+calls, runs as SGLang's function: the context kernel's call gets 0.5.22's ``causal=`` keyword, and
+fmha_v2's (0.5.19 on, SM90/SM120) 0.5.22's ``mask_mode=`` in place of the release's ``"causal"``.
+From 0.5.16 the context kernel is called from ``_trtllm_context_attn``, a function nested in
+``forward_extend``: the edit changes that call, so 0.5.16's context parallelism (its zigzag
+strategy calls the nested function once per half of the batch) passes the argument on both calls,
+as 0.5.22's code does. Every other argument and statement is the release's. The decode kernel
+(target verify, draft extend, 0.5.19's ``_run_fixed_q_len_decode``) gets nothing new, as in 0.5.22.
+Where 0.5.11 to 0.5.16 do not import ``AttentionType``, 0.5.22's import adds it to the module first.
+On 0.5.19 to 0.5.21 record xqa_workspace edits the same method (fmha_v2's workspace): the method
+runs both changes.
 
 FlashInfer must take the argument: the FlashInfer that 0.5.12 to 0.5.21 pin does (0.6.11.post1 on;
 0.5.16 to 0.5.18 pin 0.6.14, 0.6.15.post1 and 0.6.17, 0.5.19 to 0.5.21 0.6.18, each with ``causal:
@@ -44,10 +39,9 @@ not read there: every FlashInfer with the fmha_v2 call these releases make takes
 Not repaired (``unrepairable``, the release that fixes it named): 0.5.1 to 0.5.10, whose pinned
 FlashInfer has no non-causal context kernel.
 
-Verdicts, from the live ``forward_extend``: ``affected`` for 0.5.11 to 0.5.21's fingerprints
-with ``flashinfer`` bound once, nothing but ``forward_decode``, ``forward_extend`` and the pinned
-``KERNEL_CALLERS`` reaching a kernel (nothing but ``forward_extend`` naming fmha_v2), and every class
-method they call a known release's; ``unrepairable`` for the fingerprints of 0.5.1 to 0.5.10
+Verdicts, from the live ``forward_extend`` (the method the edit changes; the rest of the module
+runs alike with the repair and with upstream's change applied to it): ``affected`` for 0.5.11 to
+0.5.21's fingerprints; ``unrepairable`` for the fingerprints of 0.5.1 to 0.5.10
 (``UNREPAIRABLE``); ``fixed`` when every context-kernel call passes 0.5.22's ``causal`` and every
 fmha_v2 call its ``mask_mode`` (0.5.22 on); ``unknown`` otherwise.
 """
@@ -57,14 +51,12 @@ import os
 import re
 
 from .. import code_edit, detect, source
-from . import pr28144, pr31667
-from . import trtllm_kernel_routes as routes
-from ..fingerprint import of_node
+from . import trtllm_backend
 from ..record import Hotfix, Verdict
 from ..release_table import ReleaseTable
 
 NAME = "encoder_only_mask"
-CLASS_NAME = routes.CLASS_NAME
+CLASS_NAME = trtllm_backend.CLASS_NAME
 METHOD = "forward_extend"
 UPSTREAM = "SGLang 0.5.22"
 CONTEXT_KERNEL = "trtllm_batch_context_with_kv_cache"
@@ -86,46 +78,15 @@ AFFECTED = {
     "ast1:a230c20003012edf": "0.5.13 to 0.5.13.post1",
     "ast1:23f0c5516073f00a": "0.5.14 (FlashInfer 0.6.12; the query quantized by _maybe_quantize_q)",
     "ast1:2b30e4d3df0ce7c1": "0.5.15 to 0.5.15.post1",
-    # The context kernel called from _trtllm_context_attn, nested in forward_extend (the site repairs
-    # a kernel call of a function the method defines: trtllm_kernel_site._method_codes).
+    # The context kernel called from _trtllm_context_attn, nested in forward_extend (the edit changes
+    # the call in the nested function).
     "ast1:4ad5c50d4b93e383": "0.5.16 (FlashInfer 0.6.14; under context parallelism the nested function runs twice)",
     "ast1:23f9337ee95778ca": "0.5.17 (FlashInfer 0.6.15.post1)",
     "ast1:b67ea40bc44f7dcd": "0.5.18 (FlashInfer 0.6.17)",
-    # 0.5.19 on: on SM90/SM120 fmha_v2 prefills (its mask_mode: the site's noted fmha_v2 call)
+    # 0.5.19 on: on SM90/SM120 fmha_v2 prefills (the edit changes its mask_mode)
     "ast1:6431b3b2463a8083": "0.5.19 (FlashInfer 0.6.18)",
     "ast1:586829385e017f50": "0.5.20 (FlashInfer 0.6.18)",
     "ast1:a639d577cfcfba4f": "0.5.21 (FlashInfer 0.6.18)",
-}
-# Methods of the class that call a kernel themselves, besides forward_decode and forward_extend, by the
-# affected releases' fingerprints: 0.5.19 on, _run_fixed_q_len_decode (the decode kernel, which 0.5.22
-# calls as the release does; the gate passes its calls through unrepaired).
-KERNEL_CALLERS = {
-    "_run_fixed_q_len_decode": frozenset(("ast1:6d4824e4bd5d0730", "ast1:b512af1edf57b609")),  # 0.5.19-20, 0.5.21
-}
-# The methods of the class 0.5.16 to 0.5.18's forward_decode and forward_extend call, by fingerprint
-# (read from those releases; none of them reaches flashinfer: routes.kernel_route_problem).
-_HELPERS_0_5_16 = {
-    "_fused_fp8_qkv_kv_cache": frozenset(
-        ("ast1:9bd4f8db2de4cc16", "ast1:d72013d427e38d95", "ast1:56c55f70b7ab9c40")  # 0.5.16, 0.5.17, 0.5.18
-    ),
-    "_get_bmm_scales": frozenset(("ast1:1adea0f046f5ab58",)),
-    "_get_layer_page_table": frozenset(("ast1:493eaef90bae8bfe",)),
-    "_get_nvfp4_bmm_scales": frozenset(("ast1:2034667a61b1e162",)),
-    "_get_nvfp4_decode_kv_cache": frozenset(("ast1:45c069f62fb45eef",)),
-    "_reshape_paged_kv_cache": frozenset(("ast1:9508e24dfe716a45",)),
-    "_should_use_fused_fp8_path": frozenset(("ast1:ca6deef3ad5ec1c1", "ast1:5bc68cb582c0f122")),  # 0.5.20 on
-    # 0.5.21's native FP4 prefill helpers
-    "_finalize_nvfp4_output": frozenset(("ast1:5274f9fb786622ee",)),
-    "_forward_extend_uses_native_fp4": frozenset(("ast1:c577a7f420edcbdf",)),
-    "_nvfp4_output_view": frozenset(("ast1:6aa73d2c268ba086",)),
-}
-_HELPERS_0_5_16["_get_nvfp4_decode_kv_cache"] |= frozenset(("ast1:986364536e904ac3",))  # 0.5.21
-# The methods of the class forward_decode and forward_extend call, by the affected releases' fingerprints.
-HELPERS = {
-    name: pr28144.HELPERS.get(name, frozenset())
-    | pr31667.HELPERS.get(name, frozenset())
-    | _HELPERS_0_5_16.get(name, frozenset())
-    for name in set(pr28144.HELPERS) | set(pr31667.HELPERS) | set(_HELPERS_0_5_16)
 }
 # forward_extend of the other releases with the bug -> why this version does not repair it there.
 UNREPAIRABLE = {
@@ -242,42 +203,6 @@ def _passes_upstreams_argument(name, call):
     return len(given) == 1 and ast.unparse(given[0].value) == text
 
 
-def _kernel_callers(cls, live):
-    """(the class's methods that call a kernel themselves, pinned by ``KERNEL_CALLERS``, problem)."""
-    callers = []
-    for name, pins in KERNEL_CALLERS.items():
-        if not any(isinstance(n, ast.FunctionDef) and n.name == name for n in cls.body):
-            continue
-        function, problem = live[name]
-        if problem or function is None:
-            return [], problem or "%s.%s not found" % (CLASS_NAME, name)
-        if of_node(function) not in pins:
-            return [], "%s.%s, which calls a kernel, is not the code of a known release (fingerprint %s)" % (
-                CLASS_NAME,
-                name,
-                of_node(function),
-            )
-        callers.append(function)
-    return callers, None
-
-
-def _fmha_v2_route_problem(tree, extend):
-    """None when nothing but ``forward_extend`` names fmha_v2's kernel (the gate repairs its calls
-    inside a noted forward_extend only)."""
-    inside = {id(node) for node in ast.walk(extend)}
-    for node in ast.walk(tree):
-        if id(node) in inside:
-            continue
-        if (
-            (isinstance(node, ast.Name) and node.id == FMHA_V2_KERNEL)
-            or (isinstance(node, ast.Attribute) and node.attr == FMHA_V2_KERNEL)
-            or (isinstance(node, ast.alias) and FMHA_V2_KERNEL in (node.name.rpartition(".")[2], node.asname))
-            or (isinstance(node, ast.Constant) and node.value == FMHA_V2_KERNEL)
-        ):
-            return "code outside forward_extend names %s (line %d)" % (FMHA_V2_KERNEL, getattr(node, "lineno", 0))
-    return None
-
-
 def classify(tree):
     """Classify the source of ``trtllm_mha_backend`` (an ``ast.Module``)."""
     refusal, cls, extend, fingerprint, verdict = detect.live_method_classified(tree, CLASS_NAME, METHOD)
@@ -288,15 +213,6 @@ def classify(tree):
     if calls and all(_passes_upstreams_argument(name, call) for name, call in calls):
         return verdict(Verdict.FIXED, "every prefill kernel call passes the layer's mask (causal unless ENCODER_ONLY)")
     if fingerprint in AFFECTED:
-        decode, problem = detect.live_methods(tree, cls, ("forward_decode",))["forward_decode"]
-        if problem or decode is None:
-            return verdict(Verdict.UNKNOWN, problem or "%s.forward_decode not found" % CLASS_NAME)
-        live = detect.live_methods(tree, cls, tuple(HELPERS) + tuple(KERNEL_CALLERS))
-        callers, problem = _kernel_callers(cls, live)
-        problem = problem or routes.problem(tree, cls, live, [decode, extend] + callers, HELPERS)
-        problem = problem or _fmha_v2_route_problem(tree, extend)
-        if problem:
-            return verdict(Verdict.UNKNOWN, problem)
         return verdict(
             Verdict.AFFECTED,
             "forward_extend prefills ENCODER_ONLY (bidirectional) layers with a causal mask (the context kernel's "
@@ -314,7 +230,7 @@ HOTFIX = Hotfix(
     summary="TRT-LLM MHA prefills ENCODER_ONLY (bidirectional) layers without a causal mask",
     effect="FlashInfer's TRT-LLM context kernel receives causal=False for ENCODER_ONLY layers",
     distribution="sglang",
-    target="%s.%s.%s" % (routes.MODULE, CLASS_NAME, METHOD),
+    target="%s.%s.%s" % (trtllm_backend.MODULE, CLASS_NAME, METHOD),
     classify=detect.walked_once(classify),
     edits=EDITS,
     new_names=NEW_NAMES,

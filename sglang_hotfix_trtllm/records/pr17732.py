@@ -33,8 +33,8 @@ definition (``UPSTREAM_CANONICALIZE_STRIDE``; a test holds it equal to the one i
 becomes a global of the backend module first.
 
 Verdicts, from the live ``forward_decode`` and ``forward_extend`` together: ``affected`` when they
-are, by fingerprint, the code of 0.5.1 to 0.5.8.post1 (and the module binds ``flashinfer`` once,
-nothing else reaches a kernel, the helpers they call are known: ``trtllm_kernel_routes``);
+are, by fingerprint, the code of 0.5.1 to 0.5.8.post1 (the methods the edit changes; the rest of
+the module runs alike with the repair and with upstream's change applied to it);
 ``fixed`` when each method, or the ``_reshape_paged_kv_cache`` it calls (0.5.16 on), holds
 upstream's two statements and the module imports ``canonicalize_stride``; ``unknown`` otherwise.
 """
@@ -44,12 +44,12 @@ import os
 
 from .. import code_edit, detect
 from . import pr28144
-from . import trtllm_kernel_routes as routes
+from . import trtllm_backend
 from ..fingerprint import of_node
 from ..record import Classification, Hotfix, Verdict
 from ..release_table import ReleaseTable
 
-CLASS_NAME = routes.CLASS_NAME
+CLASS_NAME = trtllm_backend.CLASS_NAME
 METHODS = ("forward_decode", "forward_extend")
 RESHAPE_HELPER = "_reshape_paged_kv_cache"  # 0.5.16 on: the views and upstream's statements, in one helper
 UPSTREAM = "SGLang 0.5.9 (PR #17732)"
@@ -128,7 +128,6 @@ AFFECTED = {
     for pair, releases in pr28144.AFFECTED.items()
     if releases in ("0.5.1 to 0.5.4.post1", "0.5.4.post2 to 0.5.5.post3", "0.5.6", "0.5.6.post1 to 0.5.8.post1")
 }
-HELPERS = pr28144.HELPERS  # the class's methods those two call before the kernel, by fingerprint
 
 
 def _holds_upstreams_statements(function):
@@ -144,7 +143,8 @@ def _holds_upstreams_statements(function):
         i
         for i, statement in enumerate(function.body)
         if any(
-            isinstance(node, ast.Return) or (isinstance(node, ast.Attribute) and node.attr in routes.KERNELS.values())
+            isinstance(node, ast.Return)
+            or (isinstance(node, ast.Attribute) and node.attr in trtllm_backend.KERNELS.values())
             for node in ast.walk(statement)
         )
     ]
@@ -173,9 +173,7 @@ def _imports_upstream_function(tree):
 
 def classify(tree):
     """Classify the source of ``trtllm_mha_backend`` (an ``ast.Module``)."""
-    refusal, cls, live, methods, fingerprint, first_lines = pr28144.kernel_callers(
-        tree, (RESHAPE_HELPER,) + tuple(HELPERS)
-    )
+    refusal, cls, live, methods, fingerprint, first_lines = pr28144.kernel_callers(tree, (RESHAPE_HELPER,))
     if refusal:
         return refusal
 
@@ -184,14 +182,12 @@ def classify(tree):
 
     pair = tuple(of_node(m) for m in methods)
     if pair in AFFECTED:
-        problem = routes.problem(tree, cls, live, methods, HELPERS)
-        if problem:
-            return verdict(Verdict.UNKNOWN, problem)
         return verdict(
             Verdict.AFFECTED,
             "forward_decode and forward_extend pass FlashInfer's TRT-LLM kernels K/V cache views whose head "
             "dimension, with one KV head on the rank, has the page dimension's stride (TRT-LLM-GEN's TMA "
-            "descriptor rejects it). Repaired: kernel calls through the module's flashinfer",
+            "descriptor rejects it). Repaired: the two methods run 0.5.9's statements, compiled into SGLang's "
+            "functions",
         )
     helper, helper_problem = live[RESHAPE_HELPER]
     fixed = [
@@ -232,7 +228,7 @@ HOTFIX = Hotfix(
     "rank holds one KV head (the server no longer dies in buildNdTmaDescriptor)",
     effect="FlashInfer's TRT-LLM kernels receive one-head K/V cache views with canonical strides",
     distribution="sglang",
-    target="%s.%s.%s" % (routes.MODULE, CLASS_NAME, METHODS[0]),
+    target="%s.%s.%s" % (trtllm_backend.MODULE, CLASS_NAME, METHODS[0]),
     also=METHODS[1:],
     classify=detect.walked_once(classify),
     edits=EDITS,

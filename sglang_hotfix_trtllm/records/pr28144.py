@@ -44,22 +44,23 @@ those releases' own cast does; and 0.5.15's ``logger.warning_once`` (no affected
 has it) becomes one warning per message on the module's logger.
 
 ``classify`` accepts a source as ``affected`` only when the live ``forward_decode`` and
-``forward_extend`` are, as a pair, exactly the code of an affected release, the module binds
-``flashinfer`` once, by ``import flashinfer``, and no other code of the module reaches
-FlashInfer's kernels (by name, attribute, alias import or string). ``fixed``: both live methods
-take their scales from a ``_get_bmm_scales`` of a known fingerprint (0.5.14 on).
+``forward_extend`` are, as a pair, exactly the code of an affected release: the code the edit
+changes. The rest of the module is not examined: it runs alike with the repair and with upstream's
+change applied to it (until 0.13 a gate on the module's ``flashinfer`` had to see every kernel call,
+and the module was checked for other routes to FlashInfer). ``fixed``: both live methods take their
+scales from a ``_get_bmm_scales`` of a known fingerprint (0.5.14 on).
 """
 
 import ast
 import os
 
 from .. import code_edit, detect
-from . import trtllm_kernel_routes as routes
+from . import trtllm_backend
 from ..fingerprint import of_node
 from ..record import Classification, Hotfix, Verdict
 from ..release_table import ReleaseTable
 
-CLASS_NAME = routes.CLASS_NAME
+CLASS_NAME = trtllm_backend.CLASS_NAME
 METHODS = ("forward_decode", "forward_extend")
 UPSTREAM = "SGLang 0.5.15 (PR #28144 as revised by PR #29423)"
 
@@ -231,15 +232,6 @@ AFFECTED = {
     ("ast1:cc7da69ada8dbf71", "ast1:52036f0a3a55c1e1"): "0.5.11 to 0.5.12.post1",
     ("ast1:f770ae4e23ceb6fc", "ast1:a230c20003012edf"): "0.5.13 to 0.5.13.post1",
 }
-# The methods of the class the two call before the kernel, by the fingerprints of the affected
-# releases: a helper is run during a noted call, so it must not reach the kernel first.
-HELPERS = {
-    "_should_use_fused_fp8_path": frozenset(("ast1:967d4c50b64228ea",)),
-    "_fused_fp8_set_kv_buffer": frozenset(
-        ("ast1:87f5ec275018621e", "ast1:b14b8f5f2151432b", "ast1:1b341078429b8f0b", "ast1:bb51a4e04957ea7b")
-    ),
-    "_get_layer_page_table": frozenset(("ast1:493eaef90bae8bfe",)),
-}
 # 0.5.14's _get_bmm_scales (identical in 0.5.14 to 0.5.23), and its call.
 BMM_SCALES = "_get_bmm_scales"
 BMM_SCALES_FINGERPRINTS = frozenset(("ast1:1adea0f046f5ab58",))
@@ -268,7 +260,7 @@ def kernel_callers(tree, other_names):
 
 def classify(tree):
     """Classify the source of ``trtllm_mha_backend`` (an ``ast.Module``)."""
-    refusal, cls, live, methods, fingerprint, first_lines = kernel_callers(tree, (BMM_SCALES,) + tuple(HELPERS))
+    refusal, cls, live, methods, fingerprint, first_lines = kernel_callers(tree, (BMM_SCALES,))
     if refusal:
         return refusal
 
@@ -296,9 +288,6 @@ def classify(tree):
             "forward_decode / forward_extend are not the code of a release this hotfix knows "
             "(fingerprints %s / %s)" % pair,
         )
-    problem = routes.problem(tree, cls, live, methods, HELPERS)
-    if problem:
-        return verdict(Verdict.UNKNOWN, problem)
     return verdict(
         Verdict.AFFECTED,
         "forward_decode and forward_extend pass bmm2_scale=1.0 (the FP8 KV cache's V scale ignored) and apply the K "

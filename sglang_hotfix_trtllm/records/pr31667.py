@@ -23,8 +23,8 @@ SGLang's function (with the other records' edits of the method, when they are in
 kernel gets what 0.5.16's statement makes, because it is 0.5.16's statement.
 
 Verdicts, from the live ``forward_decode``: ``affected`` when it is, by fingerprint, the code of
-0.5.11 to 0.5.15.post1 (and the module binds ``flashinfer`` once, nothing else reaches a kernel,
-the helpers it calls are known: ``trtllm_kernel_routes``); ``fixed`` when XQA gets a packed query:
+0.5.11 to 0.5.15.post1 (the method the edit changes; the rest of the module runs alike with the
+repair and with upstream's change applied to it); ``fixed`` when XQA gets a packed query:
 upstream's statement above (0.5.16 on), or an XQA path with ``.contiguous().view`` and no
 ``reshape`` of ``q`` (0.5.10.x); ``not-applicable`` when the method has no XQA path and packs its
 query (0.5.1 to 0.5.9); ``unknown`` otherwise.
@@ -34,14 +34,13 @@ import ast
 import os
 
 from .. import code_edit, detect
-from . import trtllm_kernel_routes as routes
+from . import trtllm_backend
 from ..fingerprint import of_node
 from ..record import Classification, Hotfix, Verdict
 from ..release_table import ReleaseTable
 
-CLASS_NAME = routes.CLASS_NAME
+CLASS_NAME = trtllm_backend.CLASS_NAME
 METHOD = "forward_decode"
-OTHER_KERNEL_CALLER = "forward_extend"  # reaches the kernels too: not a route around the gate
 UPSTREAM = "SGLang 0.5.16 (PR #31667)"
 PACKED = "q = q.contiguous().view(-1, layer.tp_q_head_num, layer.head_dim)"
 RESHAPED = "q = q.reshape(-1, layer.tp_q_head_num, layer.head_dim)"
@@ -71,14 +70,6 @@ AFFECTED = {
     "ast1:408cfdc71c08e784": "0.5.14",
     "ast1:310a46c669f7e1c9": "0.5.15 to 0.5.15.post1",
 }
-# The methods of the class forward_decode calls before the kernel, by the affected releases' fingerprints.
-HELPERS = {
-    "_should_use_fused_fp8_path": frozenset(("ast1:967d4c50b64228ea",)),
-    "_fused_fp8_set_kv_buffer": frozenset(("ast1:1b341078429b8f0b", "ast1:bb51a4e04957ea7b")),
-    "_get_layer_page_table": frozenset(("ast1:493eaef90bae8bfe",)),
-    "_get_bmm_scales": frozenset(("ast1:1adea0f046f5ab58",)),
-    "_maybe_quantize_q": frozenset(("ast1:533b63635f966714",)),
-}
 
 
 def _statements(method):
@@ -100,7 +91,7 @@ def classify(tree):
     cls, class_problem = detect.live_class(tree, CLASS_NAME)
     if cls is None:
         return Classification(Verdict.UNKNOWN, class_problem, of_node(tree))
-    live = detect.live_methods(tree, cls, (METHOD, OTHER_KERNEL_CALLER) + tuple(HELPERS))
+    live = detect.live_methods(tree, cls, (METHOD,))
     method, problem = live[METHOD]
     if method is None:
         return Classification(Verdict.UNKNOWN, problem or "%s.%s not found" % (CLASS_NAME, METHOD), of_node(cls))
@@ -111,16 +102,11 @@ def classify(tree):
 
     statements = _statements(method)
     if fingerprint in AFFECTED:
-        other, problem = live[OTHER_KERNEL_CALLER]
-        if problem or other is None:
-            return verdict(Verdict.UNKNOWN, problem or "%s.%s not found" % (CLASS_NAME, OTHER_KERNEL_CALLER))
-        problem = routes.problem(tree, cls, live, [method, other], HELPERS)
-        if problem:
-            return verdict(Verdict.UNKNOWN, problem)
         return verdict(
             Verdict.AFFECTED,
             "forward_decode passes FlashInfer's XQA decode kernel `q.reshape(...)`, a strided view of a split QKV "
-            "projection, which XQA reads as packed rows. Repaired: SGLang's method is called with the query packed",
+            "projection, which XQA reads as packed rows. Repaired: forward_decode runs 0.5.16's statement, "
+            "compiled into SGLang's function",
         )
     if statements.count(UPSTREAM_STATEMENT) == 1:
         return verdict(
@@ -146,7 +132,7 @@ HOTFIX = Hotfix(
     summary="TRT-LLM MHA decode on XQA (Hopper, SM120) passes FlashInfer a packed query, not a strided view",
     effect="FlashInfer's XQA decode kernel receives the query packed",
     distribution="sglang",
-    target="%s.%s.%s" % (routes.MODULE, CLASS_NAME, METHOD),
+    target="%s.%s.%s" % (trtllm_backend.MODULE, CLASS_NAME, METHOD),
     classify=detect.walked_once(classify),
     edits=EDITS,
     known_fingerprints=ReleaseTable(os.path.join(os.path.dirname(os.path.abspath(__file__)), "pr31667_releases.json")),

@@ -46,12 +46,12 @@ import builtins
 import os
 
 from .. import code_edit, detect
-from . import trtllm_kernel_routes as routes
+from . import trtllm_backend
 from ..record import Hotfix, Verdict
 from ..release_table import ReleaseTable
 
 NAME = "xqa_draft_extend"
-CLASS_NAME = routes.CLASS_NAME
+CLASS_NAME = trtllm_backend.CLASS_NAME
 METHOD = "forward_extend"
 UPSTREAM = "SGLang 0.5.22"
 
@@ -282,7 +282,7 @@ HOTFIX = Hotfix(
     "(repaired on 0.5.21, reported on 0.5.14 to 0.5.20)",
     effect="draft extend and target verify on XQA keep BF16 Q and get the spec-decoding mask",
     distribution="sglang",
-    target="%s.%s.%s" % (routes.MODULE, CLASS_NAME, METHOD),
+    target="%s.%s.%s" % (trtllm_backend.MODULE, CLASS_NAME, METHOD),
     classify=detect.walked_once(classify),
     edits=EDITS,
     known_fingerprints=ReleaseTable(os.path.join(os.path.dirname(os.path.abspath(__file__)), NAME + "_releases.json")),

@@ -39,9 +39,10 @@ process) the record stands aside and says so (``Hotfix.made_at_construction``), 
 upstream's code meet an object upstream's ``__init__`` never made.
 
 Verdicts, from the live code: ``affected`` when ``__init__`` and ``forward_extend`` are, by
-fingerprint, 0.5.19's to 0.5.22's, the module binds ``flashinfer`` and ``get_buffer`` once each, and
-nothing but ``forward_extend`` names fmha_v2's kernel and nothing but ``__init__`` names the
-workspace; ``fixed`` when fmha_v2 gets ``self.fmha_v2_workspace_buffer`` and ``__init__`` makes it
+fingerprint, 0.5.19's to 0.5.22's, the module binds ``get_buffer`` once, nothing but
+``forward_extend`` names fmha_v2's kernel and nothing but ``__init__`` names the workspace (the bug
+as this record understands it: one workspace, shared by these two methods' kernels); ``fixed``
+when fmha_v2 gets ``self.fmha_v2_workspace_buffer`` and ``__init__`` makes it
 a slice of the workspace (0.5.23); ``not-applicable`` when the module has no fmha_v2 call (0.5.18 and
 earlier); ``unknown`` otherwise.
 """
@@ -50,13 +51,13 @@ import ast
 import os
 
 from .. import code_edit, detect
-from . import trtllm_kernel_routes as routes
+from . import trtllm_backend
 from ..fingerprint import of_node
 from ..record import Classification, Hotfix, Verdict
 from ..release_table import ReleaseTable
 
 NAME = "xqa_workspace"
-CLASS_NAME = routes.CLASS_NAME
+CLASS_NAME = trtllm_backend.CLASS_NAME
 METHOD = "__init__"
 PREFILL_METHOD = "forward_extend"
 UPSTREAM = "SGLang 0.5.23"
@@ -268,10 +269,28 @@ def _fixed_in_substance(tree, walked, init, extend):
     )
 
 
+def _bindings(name, nodes):
+    """(problem, imports): a problem when something other than an import binds the module global
+    ``name`` (an assignment, ``global``/``nonlocal``, a definition), else None and every (import
+    node, alias) that binds it. ``nodes``: the module's, walked."""
+    imports = []
+    for node in nodes:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            imports += [(node, alias) for alias in node.names if (alias.asname or alias.name.split(".")[0]) == name]
+        elif isinstance(node, ast.Name) and node.id == name and not isinstance(node.ctx, ast.Load):
+            return "the module rebinds %s (line %d)" % (name, node.lineno), imports
+        elif isinstance(node, (ast.Global, ast.Nonlocal)) and name in node.names:
+            return "`%s %s` (line %d)" % (type(node).__name__.lower(), name, node.lineno), imports
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return "a definition named %s (line %d)" % (name, node.lineno), imports
+    return None, imports
+
+
 def _get_buffer_problem(tree, nodes):
     """None when the module binds ``get_buffer`` once, by a top-level ``from ... import get_buffer``
-    (no alias), and never rebinds it."""
-    problem, bound = routes.module_bindings(tree, BUFFER_GLOBAL, nodes)
+    (no alias), and never rebinds it: upstream's allocation calls it, and the one buffer a process
+    shares is the one SGLang's own ``get_buffer`` keeps."""
+    problem, bound = _bindings(BUFFER_GLOBAL, nodes)
     if problem:
         return problem
     if len(bound) != 1 or not isinstance(bound[0][0], ast.ImportFrom) or bound[0][0] not in tree.body:
@@ -282,7 +301,7 @@ def _get_buffer_problem(tree, nodes):
 def _affected_problem(tree, walked, init, extend):
     """None when only these two methods touch what the repair changes (see the module's docstring)."""
     nodes = walked[tree]
-    problem = routes.flashinfer_problem(tree, nodes) or _get_buffer_problem(tree, nodes)
+    problem = _get_buffer_problem(tree, nodes)
     if problem:
         return problem
     inside_extend = {id(n) for n in walked[extend]}
@@ -291,14 +310,12 @@ def _affected_problem(tree, walked, init, extend):
     if len(calls) != 1 or _workspace_argument(calls[0]) != "self.workspace_buffer":
         return "forward_extend does not call fmha_v2 once with workspace_buffer=self.workspace_buffer"
     if [n for n in kernel_names if id(n) not in inside_extend]:
-        return "code outside forward_extend names FlashInfer's fmha_v2 kernel: a route the repair does not see"
+        return "code outside forward_extend names FlashInfer's fmha_v2 kernel: not the one shared use this record knows"
     inside_init = {id(n) for n in walked[init]}
     if [n for n in _names(nodes, WORKSPACE_NAME) if id(n) not in inside_init] or len(
         _names(walked[init], WORKSPACE_NAME)
     ) != 1:
         return "code outside __init__ names the shared workspace %r" % WORKSPACE_NAME
-    if any(isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == routes.GATED_GLOBAL for n in nodes):
-        return "the module imports from FlashInfer by name: a route around the gate"
     return None
 
 
@@ -363,7 +380,7 @@ HOTFIX = Hotfix(
     "(8 MiB more workspace, fmha_v2 gets the part after them)",
     effect="on SM90/SM120 the shared workspace holds 8 MiB for XQA's semaphores and fmha_v2 gets the part after them",
     distribution="sglang",
-    target="%s.%s.%s" % (routes.MODULE, CLASS_NAME, METHOD),
+    target="%s.%s.%s" % (trtllm_backend.MODULE, CLASS_NAME, METHOD),
     classify=detect.walked_once(classify),
     edits=EDITS,
     new_names=NEW_NAMES,
