@@ -490,7 +490,11 @@ def in_this_environment(hotfix, assessment):
     this Python besides that source (``Hotfix.environment``: encoder_only_mask needs a FlashInfer
     that takes its argument): an ``affected`` verdict whose repair this environment cannot carry
     becomes ``unrepairable``, with the record's reason. A file judged on its own (``status --source``)
-    is not asked: its environment is not this one."""
+    is not asked: its environment is not this one. A record of FlashInfer's own kernel bug
+    (``Hotfix.flashinfer_fix``) whose code reaches the kernel path gets the installed FlashInfer's
+    verdict: fixed from the fixing release on, not-applicable without FlashInfer."""
+    if hotfix.flashinfer_fix is not None and assessment.verdict is Verdict.UNREPAIRABLE:
+        return _with_flashinfer(hotfix, assessment)
     if assessment.verdict is not Verdict.AFFECTED or hotfix.environment is None:
         return assessment
     try:
@@ -507,6 +511,35 @@ def in_this_environment(hotfix, assessment):
         assessment.target,
         verdict,
         problem,
+        assessment.fingerprint,
+        assessment.source_path,
+        assessment.known_releases,
+        assessment.method_first_line,
+    )
+
+
+def _with_flashinfer(hotfix, assessment):
+    from .flashinfer_install import judge_kernel_fix
+
+    try:
+        verdict, why = judge_kernel_fix(hotfix.flashinfer_fix.first, hotfix.flashinfer_fix.reference)
+    except Exception as error:  # a bug here must not take the host down; the bug stays reported
+        verdict, why = (
+            Verdict.UNREPAIRABLE,
+            "the installed FlashInfer cannot be read: %s: %s"
+            % (
+                type(error).__name__,
+                error,
+            ),
+        )
+    # The code's reason (who it concerns, why no repair) stays where the bug is reported; where the
+    # installed FlashInfer has the fix or no FlashInfer runs, that is the reason.
+    reason = "%s. %s" % (why, assessment.reason) if verdict is Verdict.UNREPAIRABLE else why
+    return Assessment(
+        assessment.hotfix_name,
+        assessment.target,
+        verdict,
+        reason,
         assessment.fingerprint,
         assessment.source_path,
         assessment.known_releases,

@@ -6,6 +6,7 @@ import os
 import re
 
 from . import source
+from .record import Verdict
 
 DISTRIBUTION = "flashinfer-python"
 PACKAGE = "flashinfer"
@@ -14,14 +15,22 @@ FMHA_V2_DMA = os.path.join("data", "csrc", "fmha_v2", "fmha", "warpspec", "dma.h
 
 
 class Installed:
-    """``version`` (None where unread), ``folder`` (the package's, None where not installed)."""
+    """``version`` (None where unread), ``folder`` (the package's, None where not installed);
+    ``pinned``: not an installed FlashInfer but the version a release pins (the release tables,
+    ``tools/scan_releases.py``), which has no folder."""
 
-    __slots__ = ("version", "folder")
+    __slots__ = ("version", "folder", "pinned")
 
-    def __init__(self, version, folder):
-        self.version, self.folder = version, folder
+    def __init__(self, version, folder, pinned=False):
+        self.version, self.folder, self.pinned = version, folder, pinned
+
+    @property
+    def present(self):
+        return self.pinned or self.folder is not None
 
     def text(self):
+        if self.pinned:
+            return "FlashInfer %s (the release's pin)" % self.version
         if self.folder is None:
             return "FlashInfer: not installed"
         return "FlashInfer %s at %s" % (self.version or "(version unknown)", self.folder)
@@ -41,6 +50,51 @@ def _release(version):
     """(major, minor, patch) of a version string, or None."""
     found = re.match(r"(\d+)\.(\d+)\.(\d+)", version or "")
     return tuple(int(part) for part in found.groups()) if found else None
+
+
+# A public version as FlashInfer publishes them (0.6.17, 0.6.15.post1, 0.7.0rc2, 0.6.16+cu130): the
+# standard library has no version parser, and the package must not need ``packaging``.
+_VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)((?:a|b|rc)\d+|\.dev\d+)?(?:\.post\d+)?(?:\+\S*)?$")
+
+
+def has_release(version, first):
+    """True where FlashInfer ``version`` is ``first`` or later, False where it is older, None where it
+    cannot be told: a version that is not a plain release, or a pre-release (rc, dev) of ``first``
+    itself, which may or may not carry what ``first`` shipped."""
+    mine, theirs = _VERSION.match(version or ""), _VERSION.match(first)
+    if mine is None or theirs is None:
+        return None
+    base = tuple(int(part) for part in mine.groups()[:3])
+    wanted = tuple(int(part) for part in theirs.groups()[:3])
+    if base != wanted:
+        return base > wanted
+    return None if mine.group(4) else True
+
+
+def judge_kernel_fix(first_fixed, reference, found=None):
+    """(verdict, why) for a bug in FlashInfer's own kernel code that the SGLang code reaches (a
+    record whose ``classify`` says ``unrepairable`` where the route is there): ``fixed`` where
+    ``found`` (the installed FlashInfer unless given; a release's pin for the release tables) is
+    ``first_fixed`` or later, ``not-applicable`` where no FlashInfer is installed (no FlashInfer
+    kernel runs), ``unrepairable`` where it is older, or where its version cannot be read (never
+    "all is well" for what cannot be told). ``reference``: the fix ("FlashInfer PR #4161")."""
+    found = found or installed()
+    if not found.present:
+        return Verdict.NOT_APPLICABLE, "FlashInfer is not installed: no FlashInfer kernel runs here"
+    newer = has_release(found.version, first_fixed)
+    if newer:
+        where = "FlashInfer %s, the release's pin" if found.pinned else "the installed FlashInfer %s"
+        return Verdict.FIXED, "fixed in %s (%s, first in FlashInfer %s)" % (
+            where % found.version,
+            reference,
+            first_fixed,
+        )
+    if newer is None:
+        return Verdict.UNREPAIRABLE, (
+            "cannot tell whether %s has %s (first in FlashInfer %s): its version is not one to compare"
+            % (found.text(), reference, first_fixed)
+        )
+    return Verdict.UNREPAIRABLE, "%s has the bug; %s fixed it in FlashInfer %s" % (found.text(), reference, first_fixed)
 
 
 def fmha_v2_leaves_its_tile_counter(found=None):

@@ -105,6 +105,7 @@ def publish():
             "plugin_version": _plugin_version(),
             "written": time.time(),
             "records": _records,
+            "flashinfer": imported_flashinfer(),
         }
         target = os.path.join(folder, file_name(pid, ticks))
         partial = "%s.%d.partial" % (target, pid)
@@ -125,6 +126,19 @@ def publish():
             once_key="state-not-written",
         )
         return False
+
+
+def imported_flashinfer():
+    """{"version", "location"} of the FlashInfer this process has imported, or None where it has not
+    (SGLang imports it with its backend where CUDA is there): read from ``sys.modules``, never imported
+    here. ``status --pid`` names it: a process can run another FlashInfer than the installed one (one
+    on its PYTHONPATH, one upgraded since it started), and records' verdicts depend on it."""
+    module = sys.modules.get("flashinfer")
+    if module is None:
+        return None
+    path = getattr(module, "__file__", None)
+    version = getattr(module, "__version__", None)
+    return {"version": None if version is None else str(version), "location": os.path.dirname(path) if path else None}
 
 
 def folder_problem(folder, uid):

@@ -108,6 +108,12 @@ class Hotfix(Value):
       code with upstream's change, compiled into SGLang's own function (``wrapper`` None, no gate).
     * ``new_names``: ``code_edit.NewName`` values, the definitions upstream's code needs that the
       release lacks (added to the class before the edited code runs, taken away by ``remove()``).
+    * ``flashinfer_fix``: for a record of a bug in FlashInfer's own kernel code (never patched: the
+      repair is FlashInfer's), the ``FlashInferFix`` that fixes it. ``classify`` says whether the SGLang
+      code reaches that kernel path (``unrepairable`` where it does); where it does, the installed
+      FlashInfer decides the verdict on an installed or imported source
+      (``flashinfer_install.judge_kernel_fix``: ``fixed`` from the fixing release on), and the pin of
+      each release its row of the release table (``tools/scan_releases.py``).
     * ``made_at_construction``: attribute names upstream's ``__init__`` (an edit of this record) makes
       and its per-step code reads: the record is never put in force while an instance of the class
       built without them is alive (``apply()`` late in a process): it stands aside and says so.
@@ -129,8 +135,10 @@ class Hotfix(Value):
         "edits",
         "new_names",
         "made_at_construction",
+        "flashinfer_fix",
     )
     _defaults = {
+        "flashinfer_fix": None,
         "wrapper": None,
         "edits": (),
         "new_names": (),
@@ -170,6 +178,13 @@ class Hotfix(Value):
         """How the record is put in force: "edit" (upstream's code compiled into SGLang's method,
         ``code_edit``) or "wrap" (a wrapt wrapper, ``patch``)."""
         return "edit" if self.edits else "wrap"
+
+
+class FlashInferFix(Value):
+    """The FlashInfer change that fixes a kernel bug: ``first``, the first FlashInfer release that
+    carries it ("0.6.17"); ``reference``, the change ("FlashInfer PR #4161")."""
+
+    __slots__ = ("first", "reference")
 
 
 def reports_only(module, wrapped, instance, args, kwargs):

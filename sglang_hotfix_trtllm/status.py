@@ -230,7 +230,8 @@ def source_exit_status(verdict, accepted=False):
 def of_file(hotfix, path):
     """(report dict, assessment, exit status) for one given source file."""
     assessment = _assessed_in_walk(hotfix, path) if _assessed is not None else detect.assess_source(hotfix, path)
-    return assessment.as_dict(), assessment, source_exit_status(assessment.verdict)
+    accepted = hotfix.name in switches.read().accepted_records  # --accept counts for a file as for an install
+    return assessment.as_dict(), assessment, source_exit_status(assessment.verdict, accepted)
 
 
 def _assessed_in_walk(hotfix, path):
@@ -647,6 +648,7 @@ def of_process(pid):
     command = process_state.command_line(pid)
     document, where = process_state.read(pid)
     facts = {"pid": pid, "command": command, "state_file": where if document is not None else None}
+    facts.update(_flashinfer_of(document))
     if document is not None:
         reports, code = [], EXIT_OK
         for hotfix in catalog.HOTFIXES:
@@ -676,6 +678,38 @@ def of_process(pid):
         headline = overall_headline(reports, code, subject=subject, running=True)
         return headline, code, dict(facts, hotfixes=reports)
     return _without_state(pid, facts, where)
+
+
+def _flashinfer_of(document):
+    """The FlashInfer ``status --pid`` names: the one the process recorded having imported, else the
+    one installed here, labelled as such (``flashinfer_source``: "imported" or "installed"; what that
+    process runs may differ from it)."""
+    imported = (document or {}).get("flashinfer")
+    if isinstance(imported, dict) and imported.get("location"):
+        return {
+            "flashinfer_version": imported.get("version"),
+            "flashinfer_location": imported["location"],
+            "flashinfer_source": "imported",
+        }
+    from . import flashinfer_install
+
+    found = flashinfer_install.installed()
+    return {"flashinfer_version": found.version, "flashinfer_location": found.folder, "flashinfer_source": "installed"}
+
+
+def flashinfer_text(facts):
+    """The line ``status --pid`` says of the FlashInfer of that process."""
+    if facts.get("flashinfer_source") == "imported":
+        return "FlashInfer %s at %s (imported by that process)" % (
+            facts.get("flashinfer_version") or "(version unknown)",
+            facts["flashinfer_location"],
+        )
+    if not facts.get("flashinfer_location"):
+        return "FlashInfer: that process recorded none, and none is installed here"
+    return "FlashInfer %s at %s (the one installed here: that process recorded none it imported)" % (
+        facts.get("flashinfer_version") or "(version unknown)",
+        facts["flashinfer_location"],
+    )
 
 
 def _not_recorded(hotfix, why):

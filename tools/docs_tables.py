@@ -100,6 +100,13 @@ def compatibility_table(hotfix):
     for (verdict, fingerprint), group in _groups(rows(hotfix), key):
         first, last = group[0], group[-1]
         dates = first["date"] or "?" if first is last else "%s … %s" % (first["date"] or "?", last["date"] or "?")
+        action = ACTIONS.get(verdict, "refuses")
+        if hotfix.flashinfer_fix is not None and verdict in ("fixed", "unrepairable"):  # the pin decides there
+            action = (
+                "nothing: the FlashInfer it pins has the fix"
+                if verdict == "fixed"
+                else "nothing, and says so: the FlashInfer it pins has the bug (FlashInfer's kernel code)"
+            )
         lines.append(
             "| %s | %s | %s | %s | %s |"
             % (
@@ -107,7 +114,7 @@ def compatibility_table(hotfix):
                 dates,
                 verdict,
                 "`%s`" % fingerprint if fingerprint else "–",
-                ACTIONS.get(verdict, "refuses"),
+                action,
             )
         )
     return "\n".join(lines)
@@ -142,17 +149,59 @@ def reported_somewhere():
     return [h.name for h in records() if any(v.get(h.name) == "unrepairable" for v in verdicts_by_release().values())]
 
 
+def depends_on_flashinfer(hotfix, verdict):
+    """Whether the record's verdict on a release with this (shipped) verdict depends on the FlashInfer
+    installed beside it: a FlashInfer kernel bug wherever the code reaches the kernel (its verdict
+    there is its pin's), a repair that needs something of FlashInfer, or a bug that needs it
+    (``Hotfix.environment``), where the code is affected."""
+    if hotfix.flashinfer_fix is not None:
+        return verdict in ("unrepairable", "fixed")
+    return hotfix.environment is not None and verdict == "affected"
+
+
+def flashinfer_pins():
+    """release -> the FlashInfer it pins, from the tables that record it (the FlashInfer kernel
+    bugs' tables: ``tools/scan_releases.py`` reads it from the release's metadata)."""
+    return {row["release"]: row["flashinfer"] for h in records() for row in rows(h) if row.get("flashinfer")}
+
+
+def flashinfer_conditions():
+    """record -> what of it depends on FlashInfer, in words (each such record's ``FLASHINFER``)."""
+    import importlib
+
+    found = {}
+    for hotfix in records():
+        module = importlib.import_module("sglang_hotfix_trtllm.records." + hotfix.name)
+        if getattr(module, "FLASHINFER", None):
+            found[hotfix.name] = module.FLASHINFER
+    return found
+
+
 def status_rows():
-    """(releases, first word, records patched, exit, exit with the recipe's --accept) runs, oldest first."""
+    """(releases, first word, records patched, exit, exit with the recipe's --accept) runs, oldest
+    first; a run also ends where the records whose verdict depends on FlashInfer change."""
     out = []
     accepted = frozenset(reported_somewhere())
+    by_name = {hotfix.name: hotfix for hotfix in records()}
     for release, verdicts in verdicts_by_release().items():
         line, code = status_first_line(release, verdicts)
         word = re.match(r"[A-Z ]+[A-Z]", line).group(0)
         patched = ", ".join(name for name, verdict in verdicts.items() if verdict == "affected")
         reported = ", ".join(name for name, verdict in verdicts.items() if verdict == "unrepairable")
-        out.append((release, word, patched, reported, code, status_first_line(release, verdicts, accepted)[1]))
-    return [([r[0] for r in group], key) for key, group in _groups(out, lambda r: r[1:])]
+        depends = tuple(name for name, verdict in verdicts.items() if depends_on_flashinfer(by_name[name], verdict))
+        out.append((release, word, patched, reported, code, status_first_line(release, verdicts, accepted)[1], depends))
+    return [([r[0] for r in group], key[:5]) for key, group in _groups(out, lambda r: r[1:])]
+
+
+def flashinfer_cell(group):
+    """The FlashInfer the releases of a run pin, and the records whose verdict there depends on it."""
+    pins = flashinfer_pins()
+    pinned = [pins.get(release, "?") for release in group]
+    span = pinned[0] if len(set(pinned)) == 1 else "%s to %s" % (pinned[0], pinned[-1])
+    by_name = {hotfix.name: hotfix for hotfix in records()}
+    verdicts = verdicts_by_release()[group[0]]
+    depends = [name for name, verdict in verdicts.items() if depends_on_flashinfer(by_name[name], verdict)]
+    return "%s: %s" % (span, ", ".join(depends) or "nothing")
 
 
 def removable_from():
@@ -165,14 +214,20 @@ def removable_from():
 def status_table():
     lines = [
         "| SGLang releases | `status` says | records it patches | bugs it reports, unrepaired | exit "
-        "| exit with `--accept %s` |" % ",".join(reported_somewhere()),
-        "|---|---|---|---|---|---|",
+        "| exit with `--accept %s` | FlashInfer pinned: what depends on it |" % ",".join(reported_somewhere()),
+        "|---|---|---|---|---|---|---|",
     ]
     for group, (word, patched, reported, code, accepted_code) in status_rows():
         lines.append(
-            "| %s | `%s` | %s | %s | %d | %d |"
-            % (_span(group), word, patched or "none", reported or "none", code, accepted_code)
+            "| %s | `%s` | %s | %s | %d | %d | %s |"
+            % (_span(group), word, patched or "none", reported or "none", code, accepted_code, flashinfer_cell(group))
         )
+    conditions = flashinfer_conditions()
+    lines.append("")
+    lines.append(
+        "What depends on FlashInfer (`status` reads the installed one): %s."
+        % "; ".join("`%s` %s" % (name, text) for name, text in conditions.items())
+    )
     return "\n".join(lines)
 
 

@@ -12,6 +12,9 @@ release table it prints one row per release, and with ``--write`` rewrites
 
 * that table (e.g. ``sglang_hotfix_trtllm/records/pr26521_releases.json``:
   fingerprint -> verdict and releases), and
+* for a record of FlashInfer's own kernel bug, each row's verdict judged with the FlashInfer that
+  release pins (its metadata's ``Requires-Dist``, kept as ``DIR/<release>/flashinfer-pin``), and
+  that pin in the row, and
 * then, through ``tools/docs_tables.py``, every generated block of the docs (the
   README's records and status-by-release tables, each record's table in
   ``docs/records.md``).
@@ -165,13 +168,59 @@ def fetch(cache, release):
         return keep_files(download_wheel(release, download), cache, release)
 
 
+FLASHINFER = re.compile(r"^flashinfer[-_]python(?:\[[^\]]*\])?\s*==\s*([^\s;,]+)", re.I)
+
+
+def pinned_flashinfer(cache, release):
+    """The FlashInfer the release pins (its metadata's ``Requires-Dist: flashinfer_python==X``; 0.5.1
+    to 0.5.2 pin it in their ``srt`` extra), or None; cached beside the release's files. pip reads
+    the release's metadata from the index (``--dry-run --report``: nothing is installed)."""
+    kept = release_dir(cache, release) / "flashinfer-pin"
+    if kept.exists():
+        return kept.read_text().strip() or None
+    with tempfile.TemporaryDirectory() as folder:
+        report = os.path.join(folder, "report.json")
+        _pip(
+            "install",
+            "--dry-run",
+            "--no-deps",
+            "--ignore-installed",
+            "--quiet",
+            "--report",
+            report,
+            "sglang==" + release,
+        )
+        with open(report, encoding="utf-8") as handle:
+            (item,) = json.load(handle)["install"]
+    pins = {m.group(1) for m in map(FLASHINFER.match, item["metadata"].get("requires_dist") or []) if m}
+    if len(pins) > 1:
+        raise RuntimeError("sglang %s pins several FlashInfer versions: %s" % (release, sorted(pins)))
+    pin = pins.pop() if pins else None
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    kept.write_text(pin or "")
+    return pin
+
+
 def classify(cache, release, hotfix):
-    """(verdict, fingerprint, reason) from the record's structural analysis alone."""
+    """(verdict, fingerprint, reason) from the record's structural analysis alone; for a record of
+    FlashInfer's own kernel bug (``Hotfix.flashinfer_fix``) whose code reaches the kernel, judged
+    with the FlashInfer the release pins (what `status` says where pip installed the release)."""
     path = release_dir(cache, release) / module_file(hotfix)
     if not path.exists():
         return "not-applicable", None, "no %s module" % hotfix.module
     result = hotfix.classify(ast.parse(path.read_text(encoding="utf-8")))
-    return result.verdict.value, result.fingerprint, result.reason
+    verdict, reason = result.verdict, result.reason
+    if hotfix.flashinfer_fix is not None and verdict.value == "unrepairable":
+        verdict, reason = with_pin(hotfix, pinned_flashinfer(cache, release))
+    return verdict.value, result.fingerprint, reason
+
+
+def with_pin(hotfix, pin):
+    """(verdict, reason) of a reached FlashInfer kernel bug with the release's pinned FlashInfer."""
+    from sglang_hotfix_trtllm.flashinfer_install import Installed, judge_kernel_fix
+
+    fix = hotfix.flashinfer_fix
+    return judge_kernel_fix(fix.first, fix.reference, Installed(pin, None, pinned=pin is not None))
 
 
 def scan(cache, releases, dates, hotfix):
@@ -188,6 +237,8 @@ def scan(cache, releases, dates, hotfix):
                 "reason": reason,
             }
         )
+        if hotfix.flashinfer_fix is not None:  # the pin its verdict was judged with (the docs show it)
+            rows[-1]["flashinfer"] = pinned_flashinfer(cache, release)
         print(
             "%-8s %-14s %-10s %-15s %-22s %s"
             % (hotfix.name, release, dates.get(release) or "-", verdict, fingerprint, reason),
@@ -200,7 +251,9 @@ def table_data(rows, hotfix):
     return {
         "about": "Written by tools/scan_releases.py from SGLang's published releases; do not edit by hand.",
         "hotfix": hotfix.name,
-        "releases": [{k: row[k] for k in ("release", "date", "verdict", "fingerprint")} for row in rows],
+        "releases": [
+            {k: row[k] for k in ("release", "date", "verdict", "fingerprint", "flashinfer") if k in row} for row in rows
+        ],
     }
 
 

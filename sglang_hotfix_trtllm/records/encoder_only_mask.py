@@ -56,6 +56,11 @@ from ..record import Hotfix, Verdict
 from ..release_table import ReleaseTable
 
 NAME = "encoder_only_mask"
+# What of this record depends on FlashInfer, for the README (tools/docs_tables.py).
+FLASHINFER = (
+    "is repaired only with a FlashInfer whose context kernel takes `causal` (0.6.11.post1 does, 0.5.11's pin "
+    "0.6.8.post1 does not)"
+)
 CLASS_NAME = trtllm_backend.CLASS_NAME
 METHOD = "forward_extend"
 UPSTREAM = "SGLang 0.5.22"

@@ -57,6 +57,8 @@ from ..record import Classification, Hotfix, Verdict
 from ..release_table import ReleaseTable
 
 NAME = "xqa_workspace"
+# What of this record depends on FlashInfer, for the README (tools/docs_tables.py).
+FLASHINFER = "is a bug only with a FlashInfer whose fmha_v2 leaves its tile counter (0.6.18 to 0.7.1, not 0.7.2 on)"
 CLASS_NAME = trtllm_backend.CLASS_NAME
 METHOD = "__init__"
 PREFILL_METHOD = "forward_extend"
