@@ -63,6 +63,9 @@ VERIFY_HELP = (
   1  it does not, or a switch turns a record off (SGLANG_HOTFIX_TRTLLM_DISABLE, SGLANG_PLUGINS)
   2  torch or SGLang cannot be imported (or this Python has no SGLang), the code is unknown, or the
      probe failed
+  3  a record has a bug here that no CPU probe can show repaired (a repair only a GPU kernel receives):
+     left unverified, and its line says where its proof is
+the worst of these across records (2, then 1, then 3, then 0); the last line sums them up
 
 """
     + SWITCHES_HELP
@@ -325,10 +328,17 @@ def _shown(path):
 def verify(arguments):
     from . import verify as verifying
 
-    worst, failed_imports = 0, {}
+    results, failed_imports = [], {}
+    out = (lambda line: None) if arguments.json else _result_line  # --json: one document, nothing else
     for hotfix in catalog.HOTFIXES:  # a record without a CPU probe says so (never silently skipped)
-        worst = max(worst, verifying.verify(hotfix, _result_line, diagnose, failed_imports))
-    return worst
+        results.append({})
+        verifying.verify(hotfix, out, diagnose, failed_imports, results[-1])
+    code = verifying.worst(r["exit_status"] for r in results)
+    summary = verifying.summary(results, code)
+    if arguments.json:
+        document = {"format_version": 1, "exit_status": code, "summary": summary, "records": results}
+        return _write_result(json.dumps(document, indent=2, sort_keys=True) + "\n", code)
+    return _write_result(summary + "\n", code)
 
 
 def _result_line(line):
@@ -420,6 +430,11 @@ def _parser():
         "upstream's fix side by side on small inputs.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=VERIFY_HELP,
+    )
+    verify_parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object: format_version, exit_status, summary, and each record's outcome",
     )
     verify_parser.set_defaults(run=verify)
     run_parser = verbs.add_parser(
