@@ -88,6 +88,8 @@ def diagnose(message):
     module's writer, so that both say it the same way."""
     import sglang_hotfix_trtllm_autoload
 
+    if not message.isprintable():  # one line, whatever a path in it holds (a newline, an escape)
+        message = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in message)
     sglang_hotfix_trtllm_autoload._say(message)
 
 
@@ -242,14 +244,13 @@ def _status_of_processes(arguments, state):
         return _write_result(json.dumps(document, indent=2, sort_keys=True) + "\n", code)
     texts = []
     for report in document.get("hotfixes", ()) if "why" not in document else ():  # one reason for all: said once
+        what = "patched" if report["would_patch"] else report["would_patch_reason"]
+        if what.startswith("nothing to patch"):  # the verdict in brackets says why ("fixed (verdict fixed)")
+            what = "nothing to patch"
         texts.append(
-            "record %s: %s (verdict %s)%s"
-            % (
-                report["hotfix"],
-                "patched" if report["would_patch"] else report["would_patch_reason"],
-                report["verdict"],
-                "" if report["verdict"] in ("not-loaded",) else ": " + report["reason"],
-            )
+            "record %s: %s" % (report["hotfix"], what)
+            if report["verdict"] == "not-loaded"
+            else "record %s (%s): %s; %s" % (report["hotfix"], report["verdict"], what, report["reason"])
         )
     command = " ".join(_shown(word) for word in document.get("command") or ()) or "(command line not readable)"
     lines = [headline, "", "process %d: %s" % (arguments.pid, command)]
@@ -260,6 +261,9 @@ def _status_of_processes(arguments, state):
 
 def _status_of_source(arguments, state):
     texts, documents, worst = [], [], state.EXIT_OK
+    # One stderr line per distinct message, naming the records that give it: an image root's scan
+    # wrote the same line once per record for every file not recognised (521 lines for 314 files).
+    unknown = {}
     for hotfix in catalog.HOTFIXES:
         try:
             tree, assessments, code = state.of_tree(hotfix, arguments.source)
@@ -269,17 +273,20 @@ def _status_of_source(arguments, state):
         if hotfix is catalog.HOTFIXES[0]:  # the same walk for every record: said once
             for problem in tree["unreadable"]:
                 diagnose("status --source: cannot read %s (the verdicts cover only what could be read)" % problem)
+            for hint in tree.get("not_followed", ()):
+                diagnose("status --source: %s" % hint)
         single = os.path.isfile(arguments.source)
         documents.append(dict(tree["sources"][0], hotfix=hotfix.name) if single else dict(tree, hotfix=hotfix.name))
         for assessment in assessments:
             if assessment.verdict is Verdict.UNKNOWN:
-                diagnose(
-                    "%s: %s: %s: %s" % (hotfix.name, assessment.source_path, assessment.verdict, assessment.reason)
-                )
+                message = "%s: %s: %s" % (state.shown(assessment.source_path), assessment.verdict, assessment.reason)
+                unknown.setdefault(message, []).append(hotfix.name)
         sources = [documents[-1]] if single else documents[-1]["sources"]
         if arguments.verbose:
             texts.append("".join(_human(r, state) + ("\n" if len(sources) > 1 else "") for r in sources))
         worst = max(worst, code)
+    for message, records in unknown.items():
+        diagnose("%s: %s" % (", ".join(records), message))
     lines, code = _source_headlines(documents, state)
     worst = max(worst, code)  # a part of the folder that could not be read keeps its 3
     if arguments.json:
@@ -287,7 +294,11 @@ def _status_of_source(arguments, state):
         # (with the folder's root and what could not be read), every record's document under "hotfixes".
         document = {"format_version": state.FORMAT_VERSION, "headline": lines[0], "exit_status": worst}
         if not os.path.isfile(arguments.source):
-            document.update(root=documents[0]["root"], unreadable=documents[0]["unreadable"])
+            document.update(
+                root=documents[0]["root"],
+                unreadable=documents[0]["unreadable"],
+                not_followed=documents[0]["not_followed"],
+            )
         document["hotfixes"] = [{k: v for k, v in d.items() if k != "format_version"} for d in documents]
         if len(lines) > 1:
             document["file_headlines"] = lines[1:]
@@ -321,8 +332,10 @@ def _source_headlines(documents, state):
 
 
 def _shown(path):
-    """A path as one line can carry it: as Python writes it where it holds a control character."""
-    return path if path.isprintable() else ascii(path)
+    """A path as one line can carry it (``status.shown``)."""
+    from .status import shown
+
+    return shown(path)
 
 
 def verify(arguments):

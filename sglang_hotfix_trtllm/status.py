@@ -110,8 +110,13 @@ def sglang_has_plugin_framework(hotfix, assessment):
 # Which Python processes a loader covers (``covered_processes`` in the JSON report).
 EVERY_PROCESS, UNDER_RUN, SGLANG_LOADER_ONLY, NONE = "every-process", "under-run", "sglang-plugin-loader-only", "none"
 THIS_PROCESS = "this-process"  # status --pid: the records patched in that running process
+# status --source and the README's release table: code in no environment, judged as if the plugin
+# were installed by pip where it runs (not "this environment": a file given by path is in none).
+IF_INSTALLED_BY_PIP = "if-installed-by-pip"
 COVERAGE_WORDS = {
-    THIS_PROCESS: "each of them is patched in that process",
+    # What a process recorded when it handled its records, not a look inside it now: a method that
+    # code replaced there since (a HookRegistry REPLACE, an assignment) cannot be seen from outside.
+    THIS_PROCESS: "each of them was patched in that process when it recorded its state",
     EVERY_PROCESS: "every new Python process of this environment is patched (the startup file arms the hook)",
     UNDER_RUN: "this process's Python children are patched (it runs under `sglang-hotfix-trtllm run`)",
     SGLANG_LOADER_ONLY: (
@@ -256,6 +261,39 @@ SKIPPED_FOLDER_NAMES = frozenset((".git", ".hg", ".svn", "__pycache__"))
 SKIPPED_FOLDER_PATHS = frozenset(("/proc", "/sys", "/dev"))
 
 
+def shown(path):
+    """A path as one line can carry it, on stdout and stderr alike: as Python writes it where it
+    holds a control character (a newline in a folder's name would split the line)."""
+    return path if path.isprintable() else ascii(path)
+
+
+def _kind_of(info):
+    """What a file that is neither a regular file nor a folder is, in words."""
+    for test, words in (
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(info.st_mode):
+            return words
+    return "not a regular file"
+
+
+def _link_problem(path):
+    """Why ``path``, a link, leads nowhere readable: a loop (a link that leads back to itself, which
+    ``os.path.exists`` reports as missing) or a broken link; None when it leads somewhere."""
+    import errno
+
+    try:
+        os.stat(path)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            return "a symbolic link loop (it leads back to itself)"
+        return "a broken link (its target %s does not exist)" % shown(os.readlink(path))
+    return None
+
+
 def _is_zip(path):
     try:
         with open(path, "rb") as opened:
@@ -275,26 +313,38 @@ def backend_files(hotfix, root):
     if not root:
         raise PathProblem("an empty path names no file or folder")
     if not os.path.exists(root):
-        raise PathProblem("no such file or folder: %s" % root)
+        loop = os.path.islink(root) and _link_problem(root)
+        raise PathProblem("%s is %s" % (shown(root), loop) if loop else "no such file or folder: %s" % shown(root))
+    if not os.path.isdir(root) and not os.path.isfile(root):  # a FIFO, /dev/null: "Not a directory" said nothing
+        raise PathProblem(
+            "%s is %s, neither a source file nor a folder: give a %s, or a folder to search"
+            % (shown(root), _kind_of(os.stat(root)), name)
+        )
     if os.path.isfile(root):
         if not os.access(root, os.R_OK):
-            raise PathProblem("cannot read %s: permission denied" % root)
+            raise PathProblem("cannot read %s: permission denied" % shown(root))
         if not root.endswith(".py"):
             raise PathProblem(
                 "%s is not a Python source file: give a %s, or a folder (an image root, a site-packages) to search"
-                "%s" % (root, name, " (a wheel is a zip archive: unpack it first)" if _is_zip(root) else "")
+                "%s" % (shown(root), name, " (a wheel is a zip archive: unpack it first)" if _is_zip(root) else "")
             )
-        return [root], []
+        return [root], [], []
     key = (os.path.abspath(root), name)
-    readable, unreadable = _walked[key] if _walked is not None and key in _walked else _walk(root, name)
+    readable, unreadable, links = _walked[key] if _walked is not None and key in _walked else _walk(root, name)
     if _walked is not None:
-        _walked[key] = readable, unreadable
+        _walked[key] = readable, unreadable, links
     if not readable:
         where = "; cannot read %s" % unreadable[0] if unreadable else ""
+        hint = "; %s" % links[0] if links else ""
         raise PathProblem(
-            "no readable %s under %s%s" % (name, root, where) if unreadable else "no %s under %s" % (name, root)
+            (
+                "no readable %s under %s%s" % (name, shown(root), where)
+                if unreadable
+                else "no %s under %s" % (name, shown(root))
+            )
+            + hint
         )
-    return list(readable), list(unreadable)
+    return list(readable), list(unreadable), list(links)
 
 
 _walked = None  # within shared_walks(): (root, file name) -> (readable, unreadable)
@@ -317,7 +367,7 @@ def _walk(root, name):
     """Depth first, sub-folders in sorted order (as ``os.walk`` top-down with sorted names), without
     recursion: a tree of any depth is walked (``os.walk`` recurses once per level up to Python 3.11
     and stopped a scan at Python's recursion limit)."""
-    found, errors, stack = [], [], [root]
+    found, errors, links, stack = [], [], [], [root]
     while stack:
         folder = stack.pop()
         try:
@@ -337,24 +387,36 @@ def _walk(root, name):
                     subfolders.append(entry.path)
             elif entry.name == name:
                 found.append(entry.path)
+            elif entry.name in LINKED_PACKAGE_NAMES and entry.is_symlink() and os.path.isdir(entry.path):
+                # Not followed (a link may lead back up the tree, or out of an image root), but an
+                # SGLang linked in (an editable image, a mounted checkout) is worth a word.
+                links.append(
+                    "%s is a link to a folder (%s), not followed: give that folder as --source to judge it"
+                    % (shown(entry.path), shown(os.path.realpath(entry.path)))
+                )
         stack.extend(sorted(subfolders, reverse=True))
-    unreadable = ["%s: %s" % (error.filename or root, error.strerror or error) for error in errors]
+    unreadable = ["%s: %s" % (shown(error.filename or root), error.strerror or error) for error in errors]
     readable = []
     for path in found:
         problem = _file_problem(path)
         if problem:
-            unreadable.append("%s: %s" % (path, problem))
+            unreadable.append("%s: %s" % (shown(path), problem))
         else:
             readable.append(path)
-    return readable, unreadable
+    return readable, unreadable, links
+
+
+# A link by one of these names is said when the walk skips it: SGLang's package, linked in.
+LINKED_PACKAGE_NAMES = frozenset(("sglang",))
 
 
 def _file_problem(path):
     """Why a backend file found by the walk cannot be read, or None."""
     if not os.path.exists(path):
-        return "a broken link"
-    if not stat.S_ISREG(os.stat(path).st_mode):
-        return "not a regular file"  # a FIFO would block the read
+        return _link_problem(path) or "a broken link"
+    info = os.stat(path)
+    if not stat.S_ISREG(info.st_mode):
+        return _kind_of(info)  # a FIFO would block the read
     if not os.access(path, os.R_OK):
         return "permission denied"
     return None
@@ -364,14 +426,20 @@ def of_tree(hotfix, root):
     """(report dict, [assessments], exit status) for every backend file under ``root``; the exit
     status is the worst of them, and EXIT_BAD_PATH where a part of the tree could not be read (a
     backend may sit there: the verdicts cover only what was read). Raises PathProblem."""
-    files, unreadable = backend_files(hotfix, root)
+    files, unreadable, links = backend_files(hotfix, root)
     reports, assessments, code = [], [], EXIT_BAD_PATH if unreadable else EXIT_OK
     for path in files:
         report, assessment, file_code = of_file(hotfix, path)
         reports.append(report)
         assessments.append(assessment)
         code = max(code, file_code)
-    document = {"format_version": FORMAT_VERSION, "root": root, "sources": reports, "unreadable": unreadable}
+    document = {
+        "format_version": FORMAT_VERSION,
+        "root": root,
+        "sources": reports,
+        "unreadable": unreadable,
+        "not_followed": links,
+    }
     return document, assessments, code
 
 
@@ -419,11 +487,12 @@ def _why_open(report):
 def _by_reason(reports, why):
     """``record: reason`` for each reason once, the records sharing it named together (a reason
     said for every record, "no loader is active" say, is one sentence, not one per record); one
-    reason for several records: the reason alone, the line names them before it."""
+    reason for all of them: the reason alone, the line names them before it ("record pr26521:
+    pr26521: ..." said the name twice)."""
     grouped = {}
     for report in reports:
         grouped.setdefault(why(report), []).append(report["hotfix"])
-    if len(grouped) == 1 and len(reports) > 1:  # the line names the records already
+    if len(grouped) == 1:  # the line names the records already
         return next(iter(grouped))
     return "; ".join("%s: %s" % (", ".join(records), reason) for reason, records in grouped.items())
 
@@ -434,6 +503,11 @@ def _patched_words(patched, running):
     return "is patched" if len(patched) == 1 else "are patched"
 
 
+def named(reports):
+    """The records of a line in the number its verb takes: "record A" or "records A, B"."""
+    return "record%s %s" % ("" if len(reports) == 1 else "s", ", ".join(r["hotfix"] for r in reports))
+
+
 def overall_headline(reports, code, subject=None, running=False):
     """The one first line of ``status``: a verdict across every record, whose
     first word matches the exit status ``code`` (0 PROTECTED or NOTHING TO DO,
@@ -442,7 +516,6 @@ def overall_headline(reports, code, subject=None, running=False):
     version = next((r.get("sglang_version") for r in reports if r.get("sglang_version")), None) or "(version unknown)"
     sglang = subject or "SGLang %s" % version
     affected = [r for r in reports if r["verdict"] == "affected"]
-    names = lambda rs: ", ".join(r["hotfix"] for r in rs)  # noqa: E731
     if code == EXIT_ERROR and reports and not any(r.get("sglang_installed", True) for r in reports):
         return (
             "CANNOT PATCH: SGLang is not installed for this Python (%s; its sys.path has no sglang package): "
@@ -451,9 +524,9 @@ def overall_headline(reports, code, subject=None, running=False):
         )
     if code == EXIT_ERROR:
         failing = [r for r in reports if r["decision"] in [action.value for action in engine.REFUSALS]]
-        return "CANNOT PATCH: %s: record %s: %s" % (
+        return "CANNOT PATCH: %s: %s: %s" % (
             sglang,
-            names(failing),
+            named(failing),
             _by_reason(failing, lambda r: r["would_patch_reason"]),
         )
     accepted = [
@@ -468,17 +541,20 @@ def overall_headline(reports, code, subject=None, running=False):
             for r in reports
             if r["verdict"] in ("affected", "unknown", "unrepairable") and not r["would_patch"] and r not in accepted
         ]
-        return "NOT PROTECTED: %s: record %s %s: %s%s" % (
+        return "NOT PROTECTED: %s: %s %s: %s%s" % (
             sglang,
-            names(open_),
-            "runs unpatched there" if running else "would run unpatched in a new process",
+            named(open_),
+            ("runs" if len(open_) == 1 else "run") + " unpatched there"
+            if running
+            else "would run unpatched in a new process",
             _by_reason(open_, _why_open),
-            (" (record %s %s)" % (names(patched), _patched_words(patched, running))) if patched else "",
+            (" (%s %s)" % (named(patched), _patched_words(patched, running))) if patched else "",
         )
     said_accepted = (
-        "; record %s: its bug runs unrepaired (%s), accepted by %s"
+        "; %s: %s unrepaired (%s), accepted by %s"
         % (
-            names(accepted),
+            named(accepted),
+            "its bug runs" if len(accepted) == 1 else "their bugs run",
             _by_reason(accepted, lambda r: r["would_patch_reason"]),
             " and ".join(
                 sorted(
@@ -492,9 +568,10 @@ def overall_headline(reports, code, subject=None, running=False):
     if affected:
         coverage = {r.get("covered_processes") for r in affected}
         words = COVERAGE_WORDS.get(coverage.pop()) if len(coverage) == 1 else None
-        return "PROTECTED: %s has the bugs of record %s; %s%s" % (
+        return "PROTECTED: %s has the %s of %s; %s%s" % (
             sglang,
-            names(affected),
+            "bug" if len(affected) == 1 else "bugs",
+            named(affected),
             words or "; ".join(r["would_patch_reason"] for r in affected),
             said_accepted,
         )
@@ -514,6 +591,7 @@ def overall_headline(reports, code, subject=None, running=False):
 INSTALLED_BY_PIP = (
     "with the plugin installed by pip where this code runs, every Python process that imports it is patched"
 )
+COVERAGE_WORDS[IF_INSTALLED_BY_PIP] = INSTALLED_BY_PIP
 
 
 def headline_of_verdicts(subject, verdicts, upstreams, accepted=frozenset()):
@@ -540,7 +618,7 @@ def headline_of_verdicts(subject, verdicts, upstreams, accepted=frozenset()):
                 if verdict == "unknown"
                 else verdict,
                 "would_patch_reason": INSTALLED_BY_PIP if affected else "the code is not recognised",
-                "covered_processes": EVERY_PROCESS if affected else NONE,
+                "covered_processes": IF_INSTALLED_BY_PIP if affected else NONE,
                 "accepted": name in accepted,
             }
         )

@@ -98,7 +98,7 @@ def test_a_process_started_with_a_record_off_is_not_protected_while_a_new_proces
     assert shown.returncode == 1, shown.report
     opening = "NOT PROTECTED: process %d (SGLang 0.5.12): record pr31667 runs unpatched there" % running.pid
     assert shown.report["headline"].startswith(opening), shown.report["headline"]
-    assert "(record pr26521, pr25103, pr28144, encoder_only_mask are patched)" in shown.report["headline"]
+    assert "(records pr26521, pr25103, pr28144, encoder_only_mask are patched)" in shown.report["headline"]
     assert _records(shown.report)["pr31667"]["would_patch_reason"] == "SGLANG_HOTFIX_TRTLLM_DISABLE names pr31667"
     plain = status_json(env=clean_env())  # what `status` alone says, for a new process
     assert plain.returncode == 0 and plain.report["headline"].startswith("PROTECTED")
