@@ -256,6 +256,11 @@ def _status_of_processes(arguments, state):
     lines = [headline, "", "process %d: %s" % (arguments.pid, command)]
     if document.get("state_file"):
         lines.append("state file: %s" % _shown(document["state_file"]))
+    if isinstance(document.get("recorded_at"), (int, float)):
+        lines.append(
+            "recorded at: %s (when it handled its records; this is what it recorded then, not a look inside it now)"
+            % state._when(document["recorded_at"])
+        )
     return _write_result("\n".join(lines + texts) + "\n", code)
 
 

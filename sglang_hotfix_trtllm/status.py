@@ -750,8 +750,15 @@ def of_process(pid):
             code = worst(code, _record_exit_status(hotfix.name, recorded["verdict"], recorded["decision"], patched))
         version = next((r["sglang_version"] for r in reports if r.get("sglang_version")), None)
         subject = "process %d (SGLang %s)" % (pid, version or "version unknown")
-        facts.update(plugin_version=document.get("plugin_version"), python=document.get("python"))
-        headline = overall_headline(reports, code, subject=subject, running=True)
+        written = document.get("written")
+        facts.update(plugin_version=document.get("plugin_version"), python=document.get("python"), recorded_at=written)
+        # The file says what the process did when it handled its records (and after remove()); code
+        # that replaced a patched method there since (an assignment, a HookRegistry REPLACE) leaves no
+        # trace outside the process: the answer says when it was recorded, not more.
+        headline = "%s; as that process recorded it%s (a method replaced there since cannot be seen from outside)" % (
+            overall_headline(reports, code, subject=subject, running=True),
+            " at %s" % _when(written) if isinstance(written, (int, float)) else "",
+        )
         return headline, code, dict(facts, hotfixes=reports)
     return _without_state(pid, facts, where)
 
