@@ -184,10 +184,57 @@ def status(arguments):
     if arguments.source is not None:  # --source "" is a path that cannot be examined (exit 3), not "installed"
         with detect.shared_parses(), state.shared_walks():  # one walk, one parse per file, for all records
             return _status_of_source(arguments, state)
+    # `python -m sglang_hotfix_trtllm` puts the current folder first on sys.path: an SGLang there would
+    # be judged as the installed one. It is judged as what it is, below (``current_folder_sglang``).
+    own_folder = sys.path[:1] if sys.path and sys.path[0] in ("", os.getcwd()) else []
+    del sys.path[: len(own_folder)]
+    try:
+        reports, texts, worst = _judged(arguments, state, detect, source)
+    finally:
+        sys.path[:0] = own_folder
+    headline = state.overall_headline(reports, worst)
+    if not any(report["sglang_installed"] for report in reports):
+        diagnose(headline)
+    extra = {}
+    # An SGLang in the current folder: processes started here import it, not the installed one.
+    installed_path = next((r.get("source_path") for r in reports if r.get("source_path")), None)
+    found = state.current_folder_sglang(installed_path)
+    if found is not None:
+        headline, worst, extra["current_folder_sglang"], here = _current_folder(found, headline, worst, state, source)
+    # Several copies of the plugin: which one a process runs depends on its path.
+    copies = state.plugin_copies()
+    copies_text, differ = state.copies_line(copies)
+    if differ and worst == state.EXIT_OK:  # this copy's answer is not every process's
+        headline = "CANNOT TELL: %s; what this copy (%s) says: %s" % (copies_text, state.__version__, headline)
+        worst = state.EXIT_UNKNOWN
+    extra["plugin_copies"] = copies
+    if arguments.json:
+        # Format 2: the answer across every record (the text's first line, the exit status) and
+        # the environment at the top level, each record's report under "hotfixes".
+        document = dict(state.environment_document(reports, headline, worst), **extra)
+        return _write_result(json.dumps(document, indent=2, sort_keys=True) + "\n", worst)
+    notes = [copies_text] if copies_text else []
+    if arguments.verbose:
+        return _write_result("\n".join([headline] + notes) + "\n\n" + "\n".join(texts), worst)
+    width = max(len(report["hotfix"]) for report in reports)
+    records = [state.record_line(r, width) for r in reports]
+    if not any(report["sglang_installed"] for report in reports):
+        # Nine "not-applicable  nothing to do" lines read as all is well under a CANNOT PATCH line.
+        records = ["  every record  not-applicable  this Python has no SGLang: nothing here is patched or protected"]
+    if found is not None:
+        records += ["", here] + [state.record_line(r, width) for r in extra["current_folder_sglang"]["hotfixes"]]
+    lines = [headline, ""] + records
+    lines += ["", state.environment_line(reports[0])] + notes + [DETAILS]
+    return _write_result("\n".join(lines) + "\n", worst)
+
+
+def _judged(arguments, state, detect, source, path=None):
+    """(reports, --verbose texts, exit status) of every record on the installed SGLang (or on the
+    backend file ``path``, as this environment's processes would import it); refusals said on stderr."""
     reports, texts, worst = [], [], state.EXIT_OK
     # The records read one file (parsed once) and one FlashInfer's metadata (read once).
     with detect.shared_parses(), source.remembering():
-        assessed = [(hotfix,) + state.of_environment(hotfix) for hotfix in catalog.HOTFIXES]
+        assessed = [(hotfix,) + state.of_environment(hotfix, path) for hotfix in catalog.HOTFIXES]
     for hotfix, report, assessment, code in assessed:
         if code == state.EXIT_ERROR and report["sglang_installed"]:  # without SGLang: said once, below
             diagnose(
@@ -201,20 +248,40 @@ def status(arguments):
         reports.append(report)
         if arguments.verbose:  # the blocks are printed only on request
             texts.append(_human(report, state) + _edit_text(hotfix, report, assessment))
-        worst = max(worst, code)
-    if not any(report["sglang_installed"] for report in reports):
-        diagnose(state.overall_headline(reports, worst))
-    if arguments.json:
-        # Format 2: the answer across every record (the text's first line, the exit status) and
-        # the environment at the top level, each record's report under "hotfixes".
-        document = state.environment_document(reports, state.overall_headline(reports, worst), worst)
-        return _write_result(json.dumps(document, indent=2, sort_keys=True) + "\n", worst)
-    if arguments.verbose:
-        return _write_result(state.overall_headline(reports, worst) + "\n\n" + "\n".join(texts), worst)
-    width = max(len(report["hotfix"]) for report in reports)
-    lines = [state.overall_headline(reports, worst), ""] + [state.record_line(r, width) for r in reports]
-    lines += ["", state.environment_line(reports[0]), DETAILS]
-    return _write_result("\n".join(lines) + "\n", worst)
+        worst = state.worst(worst, code)
+    return reports, texts, worst
+
+
+def _current_folder(found, headline, code, state, source):
+    """The answer where the current folder holds an SGLang package that processes started there
+    import before the installed one: that package judged as they would run it, and one first line
+    for both (the worse of the two answers, naming the package). Returns (first line, exit status,
+    the package's document, the line that opens its records)."""
+    from . import detect
+
+    backend, package = found
+    reports, _, here_code = _judged(argparse.Namespace(verbose=False), state, detect, source, backend)
+    version = next((r["sglang_version"] for r in reports if r.get("sglang_version")), None) or "(version unknown)"
+    subject = "SGLang %s at %s" % (version, _shown(package))
+    here_line = state.overall_headline(reports, here_code, subject=subject)
+    both = state.worst(code, here_code)
+    word = state.HEADLINE_WORDS[both] or (
+        "PROTECTED" if "PROTECTED" in (headline.split(":")[0], here_line.split(":")[0]) else "NOTHING TO DO"
+    )
+    opening = "processes started in this folder (%s) import %s before the installed SGLang" % (
+        _shown(os.getcwd()),
+        _shown(package),
+    )
+    first = "%s: %s; there: %s; the installed SGLang: %s" % (word, opening, here_line, headline)
+    document = {
+        "location": package,
+        "source_path": backend,
+        "sglang_version": version,
+        "headline": here_line,
+        "exit_status": here_code,
+        "hotfixes": reports,
+    }
+    return first, both, document, "%s (SGLang %s), each record:" % (opening, version)
 
 
 def _status_of_processes(arguments, state):

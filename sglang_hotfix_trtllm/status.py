@@ -84,6 +84,80 @@ def startup_file():
     return own, False
 
 
+def _copy_version(folder):
+    """The version of the plugin copy in ``folder``: its dist-info's name, else its ``__init__.py``'s
+    ``__version__`` line (a copy put on the path by hand has no metadata); None where neither reads."""
+    import glob
+    import re
+
+    for info in sorted(glob.glob(os.path.join(glob.escape(folder), "sglang_hotfix_trtllm-*.dist-info"))):
+        return os.path.basename(info)[len("sglang_hotfix_trtllm-") : -len(".dist-info")]
+    try:
+        with open(os.path.join(folder, "sglang_hotfix_trtllm", "__init__.py"), encoding="utf-8") as handle:
+            found = re.search(r'^__version__ = ["\']([^"\']+)["\']', handle.read(), re.M)
+    except (OSError, ValueError):
+        return None
+    return found.group(1) if found else None
+
+
+def plugin_copies(path=None):
+    """Every copy of this plugin on ``path`` (``sys.path`` by default), in its order, each folder once:
+    ``[{"location", "version", "in_site_packages"}]``. Two copies (pip's in site-packages and a
+    ``pip install --target`` folder on PYTHONPATH) are both seen by ``importlib.metadata``; a process
+    imports the first on its own ``sys.path``, and its startup hook (the ``.pth`` finder) imports the
+    startup module and the package the same way: which copy runs depends on each process's path."""
+    copies, seen = [], set()
+    for entry in sys.path if path is None else path:
+        folder = os.path.abspath(entry or os.curdir)
+        real = os.path.realpath(folder)
+        if real in seen or not os.path.isfile(os.path.join(folder, "sglang_hotfix_trtllm", "__init__.py")):
+            continue
+        seen.add(real)
+        copies.append(
+            {
+                "location": folder,
+                "version": _copy_version(folder),
+                "in_site_packages": launcher.in_site_packages(folder),
+            }
+        )
+    return copies
+
+
+def copies_line(copies):
+    """(line, differ) about several copies of the plugin, or (None, False) for one."""
+    if len(copies) < 2:
+        return None, False
+    this = os.path.realpath(launcher.INSTALL_DIR)
+
+    def described(copy):
+        where = "site-packages" if copy["in_site_packages"] else "on the path (PYTHONPATH, a --target folder)"
+        this_one = os.path.realpath(copy["location"]) == this
+        return "%s at %s (%s%s)" % (
+            copy["version"] or "(version unknown)",
+            shown(copy["location"]),
+            where,
+            "; this command runs it, as `python -m sglang_hotfix_trtllm` does here" if this_one else "",
+        )
+
+    differ = len({copy["version"] for copy in copies}) > 1
+    # sys.path[0] is this command's own folder (the script's, or the current one for `python -m`): a
+    # process started elsewhere does not search it.
+    hook = (plugin_copies(sys.path[1:]) or copies)[0]
+    return (
+        "%d copies of this plugin%s: %s; a Python process runs the first on its own sys.path, its startup hook "
+        "included (one started with this environment's PYTHONPATH: %s %s), so remove all but one "
+        "(`pip uninstall sglang-hotfix-trtllm`, or delete the --target folder)"
+        % (
+            len(copies),
+            ", in different versions" if differ else "",
+            "; ".join(described(copy) for copy in copies),
+            hook["version"] or "(version unknown)",
+            shown(hook["location"]),
+        ),
+        differ,
+    )
+
+
 def launcher_active(environ=None):
     """True when this process runs under ``sglang-hotfix-trtllm run`` (bootstrap on PYTHONPATH)."""
     environ = os.environ if environ is None else environ
@@ -174,13 +248,17 @@ def exit_status(verdict, action, patched, accepted=False):
     return EXIT_OK
 
 
-def of_environment(hotfix):
-    """(report dict, assessment, exit status) for the installed SGLang."""
-    assessment = detect.assess_installed(hotfix)
+def of_environment(hotfix, path=None):
+    """(report dict, assessment, exit status) for the installed SGLang; with ``path``, for that backend
+    file as this environment's processes would import it (an SGLang in the current folder)."""
+    if path is None:
+        assessment = detect.assess_installed(hotfix)
+    else:
+        assessment = detect.in_this_environment(hotfix, detect.assess_source(hotfix, path))
     dist = source.distribution(hotfix.distribution, assessment.source_path, hotfix.module)
     current = switches.read()
     decision = engine.decide(hotfix, assessment, current, search_first=os.getcwd())
-    path, active = startup_file()
+    startup, active = startup_file()
     under_launcher = launcher_active()
     entry_point = entry_point_installed()
     framework = sglang_has_plugin_framework(hotfix, assessment)
@@ -192,9 +270,9 @@ def of_environment(hotfix):
             "format_version": FORMAT_VERSION,
             "plugin_version": __version__,
             "plugin_location": launcher.INSTALL_DIR,
-            "sglang_version": dist.version,
+            "sglang_version": dist.version if dist.version is not None or path is None else _version_beside(path),
             "sglang_install_kind": dist.install_kind if dist.version is not None else None,
-            "startup_file": path,
+            "startup_file": startup,
             "startup_file_active": active,
             "launcher_active": under_launcher,
             "entry_point_installed": entry_point,
@@ -221,6 +299,47 @@ def of_environment(hotfix):
         # protected, and saying NOTHING TO DO would pass a Dockerfile's `&& status` check.
         code = EXIT_ERROR
     return report, assessment, code
+
+
+def _version_beside(path):
+    """The version an SGLang package whose backend file is ``path`` states in its own files (a copy in
+    a folder has no installed metadata): ``_version.py`` (written by its build), else ``version.py``;
+    None where neither states one (a git checkout never built)."""
+    import re
+
+    folder = os.path.join(source.install_root(path, catalog.HOTFIXES[0].module), "sglang")
+    for name in ("_version.py", "version.py"):
+        try:
+            with open(os.path.join(folder, name), encoding="utf-8") as handle:
+                found = re.search(r'^__version__\s*=\s*(?:version\s*=\s*)?["\']([^"\']+)["\']', handle.read(), re.M)
+        except (OSError, ValueError):
+            continue
+        if found:
+            return found.group(1)
+    return None
+
+
+# SGLang packages in the current folder that processes started there import before the installed one:
+# `python -m ...` and `python script.py` put that folder first on sys.path (``./sglang``), and a
+# checkout's ``python/`` is where its processes are started from (``./python/sglang``).
+CURRENT_FOLDER_PACKAGES = (("sglang",), ("python", "sglang"))
+
+
+def current_folder_sglang(installed_path, folder=None):
+    """(backend file, package folder) of an SGLang package under the current folder that is not the
+    installed one judged (``installed_path``), or None. Only a regular package (with
+    ``__init__.py``) counts: a namespace portion loses to the installed package."""
+    folder = folder or os.getcwd()
+    module = catalog.HOTFIXES[0].module
+    for parts in CURRENT_FOLDER_PACKAGES:
+        package = os.path.join(folder, *parts)
+        backend = os.path.join(package, *module.split(".")[1:]) + ".py"
+        if not os.path.isfile(os.path.join(package, "__init__.py")) or not os.path.isfile(backend):
+            continue
+        if installed_path and os.path.realpath(backend) == os.path.realpath(installed_path):
+            continue  # it is what was judged (an editable install of this checkout)
+        return backend, package
+    return None
 
 
 def source_exit_status(verdict, accepted=False):
