@@ -259,7 +259,7 @@ def _current_folder(found, headline, code, state, source):
     the package's document, the line that opens its records)."""
     from . import detect
 
-    backend, package = found
+    backend, package, started_in = found
     reports, _, here_code = _judged(argparse.Namespace(verbose=False), state, detect, source, backend)
     version = next((r["sglang_version"] for r in reports if r.get("sglang_version")), None) or "(version unknown)"
     subject = "SGLang %s at %s" % (version, _shown(package))
@@ -268,8 +268,8 @@ def _current_folder(found, headline, code, state, source):
     word = state.HEADLINE_WORDS[both] or (
         "PROTECTED" if "PROTECTED" in (headline.split(":")[0], here_line.split(":")[0]) else "NOTHING TO DO"
     )
-    opening = "processes started in this folder (%s) import %s before the installed SGLang" % (
-        _shown(os.getcwd()),
+    opening = "processes started in %s import %s before the installed SGLang" % (
+        "this folder (%s)" % _shown(started_in) if started_in == os.getcwd() else _shown(started_in),
         _shown(package),
     )
     first = "%s: %s; there: %s; the installed SGLang: %s" % (word, opening, here_line, headline)

@@ -319,26 +319,28 @@ def _version_beside(path):
     return None
 
 
-# SGLang packages in the current folder that processes started there import before the installed one:
-# `python -m ...` and `python script.py` put that folder first on sys.path (``./sglang``), and a
-# checkout's ``python/`` is where its processes are started from (``./python/sglang``).
-CURRENT_FOLDER_PACKAGES = (("sglang",), ("python", "sglang"))
+# SGLang packages under the current folder that processes started in a folder import before the
+# installed one, and that folder: `python -m ...` and `python script.py` put their own folder first
+# on sys.path (``./sglang``, for processes started here); a checkout keeps its package in
+# ``python/sglang`` (for processes started in ``./python``; from here, `python -m` does not see it).
+CURRENT_FOLDER_PACKAGES = ((("sglang",), ()), (("python", "sglang"), ("python",)))
 
 
 def current_folder_sglang(installed_path, folder=None):
-    """(backend file, package folder) of an SGLang package under the current folder that is not the
-    installed one judged (``installed_path``), or None. Only a regular package (with
-    ``__init__.py``) counts: a namespace portion loses to the installed package."""
+    """(backend file, package folder, the folder whose processes import it first) of an SGLang
+    package under the current folder that is not the installed one judged (``installed_path``), or
+    None. Only a regular package (with ``__init__.py``) counts: a namespace portion loses to the
+    installed package."""
     folder = folder or os.getcwd()
     module = catalog.HOTFIXES[0].module
-    for parts in CURRENT_FOLDER_PACKAGES:
+    for parts, started_in in CURRENT_FOLDER_PACKAGES:
         package = os.path.join(folder, *parts)
         backend = os.path.join(package, *module.split(".")[1:]) + ".py"
         if not os.path.isfile(os.path.join(package, "__init__.py")) or not os.path.isfile(backend):
             continue
         if installed_path and os.path.realpath(backend) == os.path.realpath(installed_path):
             continue  # it is what was judged (an editable install of this checkout)
-        return backend, package
+        return backend, package, os.path.join(folder, *started_in)
     return None
 
 

@@ -263,13 +263,15 @@ def test_an_sglang_in_the_current_folder_is_judged_as_what_processes_started_the
         link_installed=installed_backend_path.parents[3],
     )
     package = root / "sglang"
+    # ./sglang: processes started here import it; a checkout's ./python/sglang: those started in ./python
+    started_in = "this folder (%s)" % tmp_path if where == ("sglang",) else str(root)
     for ran in (run_cli("status", cwd=tmp_path), run_cli("status", python=sys.executable, cwd=tmp_path)):
         first = ran.stdout.splitlines()[0]
         assert ran.returncode == 1, ran
         assert first.startswith(
-            "NOT PROTECTED: processes started in this folder (%s) import %s before the installed SGLang; there: "
+            "NOT PROTECTED: processes started in %s import %s before the installed SGLang; there: "
             "NOT PROTECTED: SGLang 0.5.12 at %s: record xqa_draft_extend would run unpatched"
-            % (tmp_path, package, package)
+            % (started_in, package, package)
         ), first
         assert "; the installed SGLang: PROTECTED: SGLang 0.5.12 has the bugs of records pr26521," in first
     document = status_json(cwd=tmp_path).report
