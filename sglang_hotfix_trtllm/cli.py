@@ -63,6 +63,9 @@ VERIFY_HELP = (
   1  it does not, or a switch turns a record off (SGLANG_HOTFIX_TRTLLM_DISABLE, SGLANG_PLUGINS)
   2  torch or SGLang cannot be imported (or this Python has no SGLang), the code is unknown, or the
      probe failed
+  3  a record has a bug here that no CPU probe can show repaired (a repair only a GPU kernel receives):
+     left unverified, and its line says where its proof is
+the worst of these across records (2, then 1, then 3, then 0); the last line sums them up
 
 """
     + SWITCHES_HELP
@@ -85,6 +88,8 @@ def diagnose(message):
     module's writer, so that both say it the same way."""
     import sglang_hotfix_trtllm_autoload
 
+    if not message.isprintable():  # one line, whatever a path in it holds (a newline, an escape)
+        message = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in message)
     sglang_hotfix_trtllm_autoload._say(message)
 
 
@@ -179,10 +184,57 @@ def status(arguments):
     if arguments.source is not None:  # --source "" is a path that cannot be examined (exit 3), not "installed"
         with detect.shared_parses(), state.shared_walks():  # one walk, one parse per file, for all records
             return _status_of_source(arguments, state)
+    # `python -m sglang_hotfix_trtllm` puts the current folder first on sys.path: an SGLang there would
+    # be judged as the installed one. It is judged as what it is, below (``current_folder_sglang``).
+    own_folder = sys.path[:1] if sys.path and sys.path[0] in ("", os.getcwd()) else []
+    del sys.path[: len(own_folder)]
+    try:
+        reports, texts, worst = _judged(arguments, state, detect, source)
+    finally:
+        sys.path[:0] = own_folder
+    headline = state.overall_headline(reports, worst)
+    if not any(report["sglang_installed"] for report in reports):
+        diagnose(headline)
+    extra = {}
+    # An SGLang in the current folder: processes started here import it, not the installed one.
+    installed_path = next((r.get("source_path") for r in reports if r.get("source_path")), None)
+    found = state.current_folder_sglang(installed_path)
+    if found is not None:
+        headline, worst, extra["current_folder_sglang"], here = _current_folder(found, headline, worst, state, source)
+    # Several copies of the plugin: which one a process runs depends on its path.
+    copies = state.plugin_copies()
+    copies_text, differ = state.copies_line(copies)
+    if differ and worst == state.EXIT_OK:  # this copy's answer is not every process's
+        headline = "CANNOT TELL: %s; what this copy (%s) says: %s" % (copies_text, state.__version__, headline)
+        worst = state.EXIT_UNKNOWN
+    extra["plugin_copies"] = copies
+    if arguments.json:
+        # Format 2: the answer across every record (the text's first line, the exit status) and
+        # the environment at the top level, each record's report under "hotfixes".
+        document = dict(state.environment_document(reports, headline, worst), **extra)
+        return _write_result(json.dumps(document, indent=2, sort_keys=True) + "\n", worst)
+    notes = [copies_text] if copies_text else []
+    if arguments.verbose:
+        return _write_result("\n".join([headline] + notes) + "\n\n" + "\n".join(texts), worst)
+    width = max(len(report["hotfix"]) for report in reports)
+    records = [state.record_line(r, width) for r in reports]
+    if not any(report["sglang_installed"] for report in reports):
+        # Nine "not-applicable  nothing to do" lines read as all is well under a CANNOT PATCH line.
+        records = ["  every record  not-applicable  this Python has no SGLang: nothing here is patched or protected"]
+    if found is not None:
+        records += ["", here] + [state.record_line(r, width) for r in extra["current_folder_sglang"]["hotfixes"]]
+    lines = [headline, ""] + records
+    lines += ["", state.environment_line(reports[0])] + notes + [DETAILS]
+    return _write_result("\n".join(lines) + "\n", worst)
+
+
+def _judged(arguments, state, detect, source, path=None):
+    """(reports, --verbose texts, exit status) of every record on the installed SGLang (or on the
+    backend file ``path``, as this environment's processes would import it); refusals said on stderr."""
     reports, texts, worst = [], [], state.EXIT_OK
     # The records read one file (parsed once) and one FlashInfer's metadata (read once).
     with detect.shared_parses(), source.remembering():
-        assessed = [(hotfix,) + state.of_environment(hotfix) for hotfix in catalog.HOTFIXES]
+        assessed = [(hotfix,) + state.of_environment(hotfix, path) for hotfix in catalog.HOTFIXES]
     for hotfix, report, assessment, code in assessed:
         if code == state.EXIT_ERROR and report["sglang_installed"]:  # without SGLang: said once, below
             diagnose(
@@ -196,20 +248,40 @@ def status(arguments):
         reports.append(report)
         if arguments.verbose:  # the blocks are printed only on request
             texts.append(_human(report, state) + _edit_text(hotfix, report, assessment))
-        worst = max(worst, code)
-    if not any(report["sglang_installed"] for report in reports):
-        diagnose(state.overall_headline(reports, worst))
-    if arguments.json:
-        # Format 2: the answer across every record (the text's first line, the exit status) and
-        # the environment at the top level, each record's report under "hotfixes".
-        document = state.environment_document(reports, state.overall_headline(reports, worst), worst)
-        return _write_result(json.dumps(document, indent=2, sort_keys=True) + "\n", worst)
-    if arguments.verbose:
-        return _write_result(state.overall_headline(reports, worst) + "\n\n" + "\n".join(texts), worst)
-    width = max(len(report["hotfix"]) for report in reports)
-    lines = [state.overall_headline(reports, worst), ""] + [state.record_line(r, width) for r in reports]
-    lines += ["", state.environment_line(reports[0]), DETAILS]
-    return _write_result("\n".join(lines) + "\n", worst)
+        worst = state.worst(worst, code)
+    return reports, texts, worst
+
+
+def _current_folder(found, headline, code, state, source):
+    """The answer where the current folder holds an SGLang package that processes started there
+    import before the installed one: that package judged as they would run it, and one first line
+    for both (the worse of the two answers, naming the package). Returns (first line, exit status,
+    the package's document, the line that opens its records)."""
+    from . import detect
+
+    backend, package, started_in = found
+    reports, _, here_code = _judged(argparse.Namespace(verbose=False), state, detect, source, backend)
+    version = next((r["sglang_version"] for r in reports if r.get("sglang_version")), None) or "(version unknown)"
+    subject = "SGLang %s at %s" % (version, _shown(package))
+    here_line = state.overall_headline(reports, here_code, subject=subject)
+    both = state.worst(code, here_code)
+    word = state.HEADLINE_WORDS[both] or (
+        "PROTECTED" if "PROTECTED" in (headline.split(":")[0], here_line.split(":")[0]) else "NOTHING TO DO"
+    )
+    opening = "processes started in %s import %s before the installed SGLang" % (
+        "this folder (%s)" % _shown(started_in) if started_in == os.getcwd() else _shown(started_in),
+        _shown(package),
+    )
+    first = "%s: %s; there: %s; the installed SGLang: %s" % (word, opening, here_line, headline)
+    document = {
+        "location": package,
+        "source_path": backend,
+        "sglang_version": version,
+        "headline": here_line,
+        "exit_status": here_code,
+        "hotfixes": reports,
+    }
+    return first, both, document, "%s (SGLang %s), each record:" % (opening, version)
 
 
 def _status_of_processes(arguments, state):
@@ -239,14 +311,13 @@ def _status_of_processes(arguments, state):
         return _write_result(json.dumps(document, indent=2, sort_keys=True) + "\n", code)
     texts = []
     for report in document.get("hotfixes", ()) if "why" not in document else ():  # one reason for all: said once
+        what = "patched" if report["would_patch"] else report["would_patch_reason"]
+        if what.startswith("nothing to patch"):  # the verdict in brackets says why ("fixed (verdict fixed)")
+            what = "nothing to patch"
         texts.append(
-            "record %s: %s (verdict %s)%s"
-            % (
-                report["hotfix"],
-                "patched" if report["would_patch"] else report["would_patch_reason"],
-                report["verdict"],
-                "" if report["verdict"] in ("not-loaded",) else ": " + report["reason"],
-            )
+            "record %s: %s" % (report["hotfix"], what)
+            if report["verdict"] == "not-loaded"
+            else "record %s (%s): %s; %s" % (report["hotfix"], report["verdict"], what, report["reason"])
         )
     command = " ".join(_shown(word) for word in document.get("command") or ()) or "(command line not readable)"
     lines = [headline, "", "process %d: %s" % (arguments.pid, command)]
@@ -254,11 +325,19 @@ def _status_of_processes(arguments, state):
         lines.append("state file: %s" % _shown(document["state_file"]))
     if "flashinfer_source" in document:  # the FlashInfer kernel records' verdicts depend on it
         lines.append(_shown(state.flashinfer_text(document)))
+    if isinstance(document.get("recorded_at"), (int, float)):
+        lines.append(
+            "recorded at: %s (when it handled its records; this is what it recorded then, not a look inside it now)"
+            % state._when(document["recorded_at"])
+        )
     return _write_result("\n".join(lines + texts) + "\n", code)
 
 
 def _status_of_source(arguments, state):
     texts, documents, worst = [], [], state.EXIT_OK
+    # One stderr line per distinct message, naming the records that give it: an image root's scan
+    # wrote the same line once per record for every file not recognised (521 lines for 314 files).
+    unknown = {}
     for hotfix in catalog.HOTFIXES:
         try:
             tree, assessments, code = state.of_tree(hotfix, arguments.source)
@@ -268,17 +347,20 @@ def _status_of_source(arguments, state):
         if hotfix is catalog.HOTFIXES[0]:  # the same walk for every record: said once
             for problem in tree["unreadable"]:
                 diagnose("status --source: cannot read %s (the verdicts cover only what could be read)" % problem)
+            for hint in tree.get("not_followed", ()):
+                diagnose("status --source: %s" % hint)
         single = os.path.isfile(arguments.source)
         documents.append(dict(tree["sources"][0], hotfix=hotfix.name) if single else dict(tree, hotfix=hotfix.name))
         for assessment in assessments:
             if assessment.verdict is Verdict.UNKNOWN:
-                diagnose(
-                    "%s: %s: %s: %s" % (hotfix.name, assessment.source_path, assessment.verdict, assessment.reason)
-                )
+                message = "%s: %s: %s" % (state.shown(assessment.source_path), assessment.verdict, assessment.reason)
+                unknown.setdefault(message, []).append(hotfix.name)
         sources = [documents[-1]] if single else documents[-1]["sources"]
         if arguments.verbose:
             texts.append("".join(_human(r, state) + ("\n" if len(sources) > 1 else "") for r in sources))
         worst = max(worst, code)
+    for message, records in unknown.items():
+        diagnose("%s: %s" % (", ".join(records), message))
     lines, code = _source_headlines(documents, state)
     worst = max(worst, code)  # a part of the folder that could not be read keeps its 3
     if arguments.json:
@@ -286,7 +368,11 @@ def _status_of_source(arguments, state):
         # (with the folder's root and what could not be read), every record's document under "hotfixes".
         document = {"format_version": state.FORMAT_VERSION, "headline": lines[0], "exit_status": worst}
         if not os.path.isfile(arguments.source):
-            document.update(root=documents[0]["root"], unreadable=documents[0]["unreadable"])
+            document.update(
+                root=documents[0]["root"],
+                unreadable=documents[0]["unreadable"],
+                not_followed=documents[0]["not_followed"],
+            )
         document["hotfixes"] = [{k: v for k, v in d.items() if k != "format_version"} for d in documents]
         if len(lines) > 1:
             document["file_headlines"] = lines[1:]
@@ -327,17 +413,26 @@ def _source_headlines(documents, state):
 
 
 def _shown(path):
-    """A path as one line can carry it: as Python writes it where it holds a control character."""
-    return path if path.isprintable() else ascii(path)
+    """A path as one line can carry it (``status.shown``)."""
+    from .status import shown
+
+    return shown(path)
 
 
 def verify(arguments):
     from . import verify as verifying
 
-    worst, failed_imports = 0, {}
+    results, failed_imports = [], {}
+    out = (lambda line: None) if arguments.json else _result_line  # --json: one document, nothing else
     for hotfix in catalog.HOTFIXES:  # a record without a CPU probe says so (never silently skipped)
-        worst = max(worst, verifying.verify(hotfix, _result_line, diagnose, failed_imports))
-    return worst
+        results.append({})
+        verifying.verify(hotfix, out, diagnose, failed_imports, results[-1])
+    code = verifying.worst(r["exit_status"] for r in results)
+    summary = verifying.summary(results, code)
+    if arguments.json:
+        document = {"format_version": 1, "exit_status": code, "summary": summary, "records": results}
+        return _write_result(json.dumps(document, indent=2, sort_keys=True) + "\n", code)
+    return _write_result(summary + "\n", code)
 
 
 def _result_line(line):
@@ -429,6 +524,11 @@ def _parser():
         "upstream's fix side by side on small inputs.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=VERIFY_HELP,
+    )
+    verify_parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object: format_version, exit_status, summary, and each record's outcome",
     )
     verify_parser.set_defaults(run=verify)
     run_parser = verbs.add_parser(

@@ -117,13 +117,13 @@ def decide(hotfix, assessment, current, search_first=None):
     if assessment.verdict is Verdict.FIXED:
         return Decision(
             Action.FIXED,
-            "nothing to patch: the verdict is fixed",
+            "nothing to patch: upstream already has the fix",
             "not patching %s for record %s: upstream already has the fix (%s; %s). Other records may still repair "
             "this SGLang: once `sglang-hotfix-trtllm status` says NOTHING TO DO, the package can be removed: %s"
             % (hotfix.target, hotfix.name, _version_text(hotfix, path), assessment.reason, UNINSTALL_HINT),
         )
     if assessment.verdict is Verdict.NOT_APPLICABLE:
-        return Decision(Action.NOT_APPLICABLE, "nothing to patch: the verdict is not-applicable")
+        return Decision(Action.NOT_APPLICABLE, "nothing to patch: the record does not apply to this code")
     if current.excluded_by_sglang_plugins:
         return Decision(
             Action.EXCLUDED,

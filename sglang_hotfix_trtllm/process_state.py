@@ -8,12 +8,16 @@ what was done (patched, turned off and why, refused) and the process's identity 
 time: a pid the system reuses is not mistaken for it). The folder is per user, needs no root:
 ``/tmp/sglang-hotfix-trtllm-<uid>/`` (``SGLANG_HOTFIX_TRTLLM_STATE_DIR`` overrides it), one file
 ``<pid>-<start>.json`` per process, written whole then renamed, so a reader never sees half of one.
-``status`` prunes the files of processes that are gone.
+A process that writes its file deletes those of processes that are gone, once, and at most
+``PRUNE_AT_MOST`` of them (``status --processes`` prunes too): the folder holds about one file per
+live process, not one per process ever started. ``pip uninstall`` leaves the folder (it is not the
+installer's): ``rm -rf /tmp/sglang-hotfix-trtllm-$(id -u)`` removes it.
 
 Cost: nothing in a process that never imports SGLang's backend; in one that does, one write of
-about 2 KB after the records are handled (the backend's import itself takes seconds). Never raises
-into the host: a failure to write costs one DEBUG line, and ``status --pid`` then says the process
-recorded nothing.
+about 2 KB after the records are handled, and the first time one listing of the folder and a read
+of ``/proc/PID/stat`` per file in it, bounded (the backend's import itself takes seconds). Never raises
+into the host: a failure to write costs one WARNING line, once, and ``status --pid`` then answers
+CANNOT TELL.
 
 Standard library only.
 """
@@ -32,6 +36,12 @@ STATE_DIR_VARIABLE = "SGLANG_HOTFIX_TRTLLM_STATE_DIR"
 FORMAT = 1
 
 _records = {}  # record name -> what was done in this process (the file's "records")
+_pruned = False  # this process has pruned the folder once (publish() runs again after remove())
+# Files of gone processes deleted per prune, and entries looked at: a folder grown large before this
+# version (or shared by many short-lived processes) costs a writer a bounded time, and empties over
+# the next writes.
+PRUNE_AT_MOST = 64
+EXAMINE_AT_MOST = 4 * PRUNE_AT_MOST
 
 
 def state_dir(uid=None, environ=None):
@@ -112,6 +122,10 @@ def publish():
         with open(partial, "w", encoding="utf-8") as handle:
             json.dump(document, handle, sort_keys=True)
         os.replace(partial, target)
+        global _pruned
+        if not _pruned:
+            _pruned = True
+            prune(folder)
         return True
     except Exception as error:  # a full or read-only /tmp must not cost the host anything but this line
         # WARNING, once: without the file, `status --pid` of this process can only answer CANNOT TELL.
@@ -303,6 +317,48 @@ def read(pid):
     return None, "no state file (looked for %s)" % " and ".join(dict.fromkeys(tried))
 
 
+def _state_file_of(name):
+    """(pid, current) for a state file's name: ``current`` when that process still runs (the same pid
+    and start: a pid the system reused names another process); (None, None) for a name that is not a
+    state file. A partial write (``NAME.PID.partial``) is current while its writer runs."""
+    pid_text, _, rest = name.partition("-")
+    if not pid_text.isdigit():
+        return None, None
+    pid = int(pid_text)
+    if rest.endswith(".partial") and ".json." in rest:
+        writer = rest.rpartition(".json.")[2][: -len(".partial")]
+        return pid, writer.isdigit() and alive(int(writer))
+    if not rest.endswith(".json"):
+        return None, None
+    return pid, alive(pid) and file_name(pid, start_ticks(pid)) == name
+
+
+def _remove(folder, name):
+    try:
+        os.remove(os.path.join(folder, name))
+        return True
+    except OSError:
+        return False
+
+
+def prune(folder, at_most=PRUNE_AT_MOST):
+    """Delete, in ``folder`` (a state folder the caller trusts), up to ``at_most`` files of processes
+    that are gone, looking at no more than ``EXAMINE_AT_MOST`` entries; returns how many went.
+    Never raises."""
+    removed = 0
+    try:
+        with os.scandir(folder) as listing:
+            for examined, entry in enumerate(listing):
+                if removed >= at_most or examined >= EXAMINE_AT_MOST:
+                    break
+                pid, current = _state_file_of(entry.name)
+                if pid is not None and not current:
+                    removed += _remove(folder, entry.name)
+    except Exception:
+        pass
+    return removed
+
+
 def recorded_pids(folder=None):
     """The pids with a state file in ``folder`` (this user's by default), pruning the files of
     processes that are gone or whose pid now names another process."""
@@ -315,17 +371,13 @@ def recorded_pids(folder=None):
     except OSError:
         return pids
     for name in names:
-        pid_text, _, rest = name.partition("-")
-        if not (pid_text.isdigit() and rest.endswith(".json")):
+        pid, current = _state_file_of(name)
+        if pid is None or name.endswith(".partial") and current:
             continue
-        pid = int(pid_text)
-        if alive(pid) and file_name(pid, start_ticks(pid)) == name:
+        if current:
             pids.append(pid)
-            continue
-        try:
-            os.remove(os.path.join(folder, name))
-        except OSError:
-            pass
+        else:
+            _remove(folder, name)
     return sorted(pids)
 
 

@@ -93,6 +93,9 @@ class Hotfix(Value):
       it cannot compute is skipped with ``logs.repair_skipped``.
     * ``known_fingerprints``: fingerprint -> (Verdict, releases with that code).
     * ``probe``: "module:function" run by ``verify`` on the imported target.
+    * ``gpu_proof``: for a record without a ``probe``, what ran on a GPU (which release, kernel and
+      card, as docs/gpu.md records it), or why nothing did: ``verify`` cites it, and must never
+      cite a run that does not exist.
     * ``also``: other methods of the same class that the same ``wrapper``
       wraps (it tells them apart by ``wrapped.__name__``); all of them are
       wrapped, or none.
@@ -130,6 +133,7 @@ class Hotfix(Value):
         "wrapper",
         "known_fingerprints",
         "probe",
+        "gpu_proof",
         "also",
         "environment",
         "edits",
@@ -145,6 +149,7 @@ class Hotfix(Value):
         "made_at_construction": (),
         "known_fingerprints": {},
         "probe": None,
+        "gpu_proof": None,
         "summary": "",
         "effect": "patched",
         "also": (),

@@ -84,6 +84,80 @@ def startup_file():
     return own, False
 
 
+def _copy_version(folder):
+    """The version of the plugin copy in ``folder``: its dist-info's name, else its ``__init__.py``'s
+    ``__version__`` line (a copy put on the path by hand has no metadata); None where neither reads."""
+    import glob
+    import re
+
+    for info in sorted(glob.glob(os.path.join(glob.escape(folder), "sglang_hotfix_trtllm-*.dist-info"))):
+        return os.path.basename(info)[len("sglang_hotfix_trtllm-") : -len(".dist-info")]
+    try:
+        with open(os.path.join(folder, "sglang_hotfix_trtllm", "__init__.py"), encoding="utf-8") as handle:
+            found = re.search(r'^__version__ = ["\']([^"\']+)["\']', handle.read(), re.M)
+    except (OSError, ValueError):
+        return None
+    return found.group(1) if found else None
+
+
+def plugin_copies(path=None):
+    """Every copy of this plugin on ``path`` (``sys.path`` by default), in its order, each folder once:
+    ``[{"location", "version", "in_site_packages"}]``. Two copies (pip's in site-packages and a
+    ``pip install --target`` folder on PYTHONPATH) are both seen by ``importlib.metadata``; a process
+    imports the first on its own ``sys.path``, and its startup hook (the ``.pth`` finder) imports the
+    startup module and the package the same way: which copy runs depends on each process's path."""
+    copies, seen = [], set()
+    for entry in sys.path if path is None else path:
+        folder = os.path.abspath(entry or os.curdir)
+        real = os.path.realpath(folder)
+        if real in seen or not os.path.isfile(os.path.join(folder, "sglang_hotfix_trtllm", "__init__.py")):
+            continue
+        seen.add(real)
+        copies.append(
+            {
+                "location": folder,
+                "version": _copy_version(folder),
+                "in_site_packages": launcher.in_site_packages(folder),
+            }
+        )
+    return copies
+
+
+def copies_line(copies):
+    """(line, differ) about several copies of the plugin, or (None, False) for one."""
+    if len(copies) < 2:
+        return None, False
+    this = os.path.realpath(launcher.INSTALL_DIR)
+
+    def described(copy):
+        where = "site-packages" if copy["in_site_packages"] else "on the path (PYTHONPATH, a --target folder)"
+        this_one = os.path.realpath(copy["location"]) == this
+        return "%s at %s (%s%s)" % (
+            copy["version"] or "(version unknown)",
+            shown(copy["location"]),
+            where,
+            "; this command runs it, as `python -m sglang_hotfix_trtllm` does here" if this_one else "",
+        )
+
+    differ = len({copy["version"] for copy in copies}) > 1
+    # sys.path[0] is this command's own folder (the script's, or the current one for `python -m`): a
+    # process started elsewhere does not search it.
+    hook = (plugin_copies(sys.path[1:]) or copies)[0]
+    return (
+        "%d copies of this plugin%s: %s; a Python process runs the first on its own sys.path, its startup hook "
+        "included (one started with this environment's PYTHONPATH: %s %s), so remove all but one "
+        "(`pip uninstall sglang-hotfix-trtllm`, or delete the --target folder)"
+        % (
+            len(copies),
+            ", in different versions" if differ else "",
+            "; ".join(described(copy) for copy in copies),
+            hook["version"] or "(version unknown)",
+            shown(hook["location"]),
+        ),
+        differ,
+    )
+
+
 def launcher_active(environ=None):
     """True when this process runs under ``sglang-hotfix-trtllm run`` (bootstrap on PYTHONPATH)."""
     environ = os.environ if environ is None else environ
@@ -110,8 +184,13 @@ def sglang_has_plugin_framework(hotfix, assessment):
 # Which Python processes a loader covers (``covered_processes`` in the JSON report).
 EVERY_PROCESS, UNDER_RUN, SGLANG_LOADER_ONLY, NONE = "every-process", "under-run", "sglang-plugin-loader-only", "none"
 THIS_PROCESS = "this-process"  # status --pid: the records patched in that running process
+# status --source and the README's release table: code in no environment, judged as if the plugin
+# were installed by pip where it runs (not "this environment": a file given by path is in none).
+IF_INSTALLED_BY_PIP = "if-installed-by-pip"
 COVERAGE_WORDS = {
-    THIS_PROCESS: "each of them is patched in that process",
+    # What a process recorded when it handled its records, not a look inside it now: a method that
+    # code replaced there since (a HookRegistry REPLACE, an assignment) cannot be seen from outside.
+    THIS_PROCESS: "each of them was patched in that process when it recorded its state",
     EVERY_PROCESS: "every new Python process of this environment is patched (the startup file arms the hook)",
     UNDER_RUN: "this process's Python children are patched (it runs under `sglang-hotfix-trtllm run`)",
     SGLANG_LOADER_ONLY: (
@@ -169,13 +248,17 @@ def exit_status(verdict, action, patched, accepted=False):
     return EXIT_OK
 
 
-def of_environment(hotfix):
-    """(report dict, assessment, exit status) for the installed SGLang."""
-    assessment = detect.assess_installed(hotfix)
+def of_environment(hotfix, path=None):
+    """(report dict, assessment, exit status) for the installed SGLang; with ``path``, for that backend
+    file as this environment's processes would import it (an SGLang in the current folder)."""
+    if path is None:
+        assessment = detect.assess_installed(hotfix)
+    else:
+        assessment = detect.in_this_environment(hotfix, detect.assess_source(hotfix, path))
     dist = source.distribution(hotfix.distribution, assessment.source_path, hotfix.module)
     current = switches.read()
     decision = engine.decide(hotfix, assessment, current, search_first=os.getcwd())
-    path, active = startup_file()
+    startup, active = startup_file()
     under_launcher = launcher_active()
     entry_point = entry_point_installed()
     framework = sglang_has_plugin_framework(hotfix, assessment)
@@ -187,9 +270,9 @@ def of_environment(hotfix):
             "format_version": FORMAT_VERSION,
             "plugin_version": __version__,
             "plugin_location": launcher.INSTALL_DIR,
-            "sglang_version": dist.version,
+            "sglang_version": dist.version if dist.version is not None or path is None else _version_beside(path),
             "sglang_install_kind": dist.install_kind if dist.version is not None else None,
-            "startup_file": path,
+            "startup_file": startup,
             "startup_file_active": active,
             "launcher_active": under_launcher,
             "entry_point_installed": entry_point,
@@ -216,6 +299,49 @@ def of_environment(hotfix):
         # protected, and saying NOTHING TO DO would pass a Dockerfile's `&& status` check.
         code = EXIT_ERROR
     return report, assessment, code
+
+
+def _version_beside(path):
+    """The version an SGLang package whose backend file is ``path`` states in its own files (a copy in
+    a folder has no installed metadata): ``_version.py`` (written by its build), else ``version.py``;
+    None where neither states one (a git checkout never built)."""
+    import re
+
+    folder = os.path.join(source.install_root(path, catalog.HOTFIXES[0].module), "sglang")
+    for name in ("_version.py", "version.py"):
+        try:
+            with open(os.path.join(folder, name), encoding="utf-8") as handle:
+                found = re.search(r'^__version__\s*=\s*(?:version\s*=\s*)?["\']([^"\']+)["\']', handle.read(), re.M)
+        except (OSError, ValueError):
+            continue
+        if found:
+            return found.group(1)
+    return None
+
+
+# SGLang packages under the current folder that processes started in a folder import before the
+# installed one, and that folder: `python -m ...` and `python script.py` put their own folder first
+# on sys.path (``./sglang``, for processes started here); a checkout keeps its package in
+# ``python/sglang`` (for processes started in ``./python``; from here, `python -m` does not see it).
+CURRENT_FOLDER_PACKAGES = ((("sglang",), ()), (("python", "sglang"), ("python",)))
+
+
+def current_folder_sglang(installed_path, folder=None):
+    """(backend file, package folder, the folder whose processes import it first) of an SGLang
+    package under the current folder that is not the installed one judged (``installed_path``), or
+    None. Only a regular package (with ``__init__.py``) counts: a namespace portion loses to the
+    installed package."""
+    folder = folder or os.getcwd()
+    module = catalog.HOTFIXES[0].module
+    for parts, started_in in CURRENT_FOLDER_PACKAGES:
+        package = os.path.join(folder, *parts)
+        backend = os.path.join(package, *module.split(".")[1:]) + ".py"
+        if not os.path.isfile(os.path.join(package, "__init__.py")) or not os.path.isfile(backend):
+            continue
+        if installed_path and os.path.realpath(backend) == os.path.realpath(installed_path):
+            continue  # it is what was judged (an editable install of this checkout)
+        return backend, package, os.path.join(folder, *started_in)
+    return None
 
 
 def source_exit_status(verdict, accepted=False):
@@ -257,6 +383,39 @@ SKIPPED_FOLDER_NAMES = frozenset((".git", ".hg", ".svn", "__pycache__"))
 SKIPPED_FOLDER_PATHS = frozenset(("/proc", "/sys", "/dev"))
 
 
+def shown(path):
+    """A path as one line can carry it, on stdout and stderr alike: as Python writes it where it
+    holds a control character (a newline in a folder's name would split the line)."""
+    return path if path.isprintable() else ascii(path)
+
+
+def _kind_of(info):
+    """What a file that is neither a regular file nor a folder is, in words."""
+    for test, words in (
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(info.st_mode):
+            return words
+    return "not a regular file"
+
+
+def _link_problem(path):
+    """Why ``path``, a link, leads nowhere readable: a loop (a link that leads back to itself, which
+    ``os.path.exists`` reports as missing) or a broken link; None when it leads somewhere."""
+    import errno
+
+    try:
+        os.stat(path)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            return "a symbolic link loop (it leads back to itself)"
+        return "a broken link (its target %s does not exist)" % shown(os.readlink(path))
+    return None
+
+
 def _is_zip(path):
     try:
         with open(path, "rb") as opened:
@@ -276,26 +435,38 @@ def backend_files(hotfix, root):
     if not root:
         raise PathProblem("an empty path names no file or folder")
     if not os.path.exists(root):
-        raise PathProblem("no such file or folder: %s" % root)
+        loop = os.path.islink(root) and _link_problem(root)
+        raise PathProblem("%s is %s" % (shown(root), loop) if loop else "no such file or folder: %s" % shown(root))
+    if not os.path.isdir(root) and not os.path.isfile(root):  # a FIFO, /dev/null: "Not a directory" said nothing
+        raise PathProblem(
+            "%s is %s, neither a source file nor a folder: give a %s, or a folder to search"
+            % (shown(root), _kind_of(os.stat(root)), name)
+        )
     if os.path.isfile(root):
         if not os.access(root, os.R_OK):
-            raise PathProblem("cannot read %s: permission denied" % root)
+            raise PathProblem("cannot read %s: permission denied" % shown(root))
         if not root.endswith(".py"):
             raise PathProblem(
                 "%s is not a Python source file: give a %s, or a folder (an image root, a site-packages) to search"
-                "%s" % (root, name, " (a wheel is a zip archive: unpack it first)" if _is_zip(root) else "")
+                "%s" % (shown(root), name, " (a wheel is a zip archive: unpack it first)" if _is_zip(root) else "")
             )
-        return [root], []
+        return [root], [], []
     key = (os.path.abspath(root), name)
-    readable, unreadable = _walked[key] if _walked is not None and key in _walked else _walk(root, name)
+    readable, unreadable, links = _walked[key] if _walked is not None and key in _walked else _walk(root, name)
     if _walked is not None:
-        _walked[key] = readable, unreadable
+        _walked[key] = readable, unreadable, links
     if not readable:
         where = "; cannot read %s" % unreadable[0] if unreadable else ""
+        hint = "; %s" % links[0] if links else ""
         raise PathProblem(
-            "no readable %s under %s%s" % (name, root, where) if unreadable else "no %s under %s" % (name, root)
+            (
+                "no readable %s under %s%s" % (name, shown(root), where)
+                if unreadable
+                else "no %s under %s" % (name, shown(root))
+            )
+            + hint
         )
-    return list(readable), list(unreadable)
+    return list(readable), list(unreadable), list(links)
 
 
 _walked = None  # within shared_walks(): (root, file name) -> (readable, unreadable)
@@ -318,7 +489,7 @@ def _walk(root, name):
     """Depth first, sub-folders in sorted order (as ``os.walk`` top-down with sorted names), without
     recursion: a tree of any depth is walked (``os.walk`` recurses once per level up to Python 3.11
     and stopped a scan at Python's recursion limit)."""
-    found, errors, stack = [], [], [root]
+    found, errors, links, stack = [], [], [], [root]
     while stack:
         folder = stack.pop()
         try:
@@ -338,24 +509,36 @@ def _walk(root, name):
                     subfolders.append(entry.path)
             elif entry.name == name:
                 found.append(entry.path)
+            elif entry.name in LINKED_PACKAGE_NAMES and entry.is_symlink() and os.path.isdir(entry.path):
+                # Not followed (a link may lead back up the tree, or out of an image root), but an
+                # SGLang linked in (an editable image, a mounted checkout) is worth a word.
+                links.append(
+                    "%s is a link to a folder (%s), not followed: give that folder as --source to judge it"
+                    % (shown(entry.path), shown(os.path.realpath(entry.path)))
+                )
         stack.extend(sorted(subfolders, reverse=True))
-    unreadable = ["%s: %s" % (error.filename or root, error.strerror or error) for error in errors]
+    unreadable = ["%s: %s" % (shown(error.filename or root), error.strerror or error) for error in errors]
     readable = []
     for path in found:
         problem = _file_problem(path)
         if problem:
-            unreadable.append("%s: %s" % (path, problem))
+            unreadable.append("%s: %s" % (shown(path), problem))
         else:
             readable.append(path)
-    return readable, unreadable
+    return readable, unreadable, links
+
+
+# A link by one of these names is said when the walk skips it: SGLang's package, linked in.
+LINKED_PACKAGE_NAMES = frozenset(("sglang",))
 
 
 def _file_problem(path):
     """Why a backend file found by the walk cannot be read, or None."""
     if not os.path.exists(path):
-        return "a broken link"
-    if not stat.S_ISREG(os.stat(path).st_mode):
-        return "not a regular file"  # a FIFO would block the read
+        return _link_problem(path) or "a broken link"
+    info = os.stat(path)
+    if not stat.S_ISREG(info.st_mode):
+        return _kind_of(info)  # a FIFO would block the read
     if not os.access(path, os.R_OK):
         return "permission denied"
     return None
@@ -365,14 +548,20 @@ def of_tree(hotfix, root):
     """(report dict, [assessments], exit status) for every backend file under ``root``; the exit
     status is the worst of them, and EXIT_BAD_PATH where a part of the tree could not be read (a
     backend may sit there: the verdicts cover only what was read). Raises PathProblem."""
-    files, unreadable = backend_files(hotfix, root)
+    files, unreadable, links = backend_files(hotfix, root)
     reports, assessments, code = [], [], EXIT_BAD_PATH if unreadable else EXIT_OK
     for path in files:
         report, assessment, file_code = of_file(hotfix, path)
         reports.append(report)
         assessments.append(assessment)
         code = max(code, file_code)
-    document = {"format_version": FORMAT_VERSION, "root": root, "sources": reports, "unreadable": unreadable}
+    document = {
+        "format_version": FORMAT_VERSION,
+        "root": root,
+        "sources": reports,
+        "unreadable": unreadable,
+        "not_followed": links,
+    }
     return document, assessments, code
 
 
@@ -420,11 +609,12 @@ def _why_open(report):
 def _by_reason(reports, why):
     """``record: reason`` for each reason once, the records sharing it named together (a reason
     said for every record, "no loader is active" say, is one sentence, not one per record); one
-    reason for several records: the reason alone, the line names them before it."""
+    reason for all of them: the reason alone, the line names them before it ("record pr26521:
+    pr26521: ..." said the name twice)."""
     grouped = {}
     for report in reports:
         grouped.setdefault(why(report), []).append(report["hotfix"])
-    if len(grouped) == 1 and len(reports) > 1:  # the line names the records already
+    if len(grouped) == 1:  # the line names the records already
         return next(iter(grouped))
     return "; ".join("%s: %s" % (", ".join(records), reason) for reason, records in grouped.items())
 
@@ -435,6 +625,11 @@ def _patched_words(patched, running):
     return "is patched" if len(patched) == 1 else "are patched"
 
 
+def named(reports):
+    """The records of a line in the number its verb takes: "record A" or "records A, B"."""
+    return "record%s %s" % ("" if len(reports) == 1 else "s", ", ".join(r["hotfix"] for r in reports))
+
+
 def overall_headline(reports, code, subject=None, running=False):
     """The one first line of ``status``: a verdict across every record, whose
     first word matches the exit status ``code`` (0 PROTECTED or NOTHING TO DO,
@@ -443,7 +638,6 @@ def overall_headline(reports, code, subject=None, running=False):
     version = next((r.get("sglang_version") for r in reports if r.get("sglang_version")), None) or "(version unknown)"
     sglang = subject or "SGLang %s" % version
     affected = [r for r in reports if r["verdict"] == "affected"]
-    names = lambda rs: ", ".join(r["hotfix"] for r in rs)  # noqa: E731
     if code == EXIT_ERROR and reports and not any(r.get("sglang_installed", True) for r in reports):
         return (
             "CANNOT PATCH: SGLang is not installed for this Python (%s; its sys.path has no sglang package): "
@@ -452,9 +646,9 @@ def overall_headline(reports, code, subject=None, running=False):
         )
     if code == EXIT_ERROR:
         failing = [r for r in reports if r["decision"] in [action.value for action in engine.REFUSALS]]
-        return "CANNOT PATCH: %s: record %s: %s" % (
+        return "CANNOT PATCH: %s: %s: %s" % (
             sglang,
-            names(failing),
+            named(failing),
             _by_reason(failing, lambda r: r["would_patch_reason"]),
         )
     accepted = [
@@ -469,17 +663,20 @@ def overall_headline(reports, code, subject=None, running=False):
             for r in reports
             if r["verdict"] in ("affected", "unknown", "unrepairable") and not r["would_patch"] and r not in accepted
         ]
-        return "NOT PROTECTED: %s: record %s %s: %s%s" % (
+        return "NOT PROTECTED: %s: %s %s: %s%s" % (
             sglang,
-            names(open_),
-            "runs unpatched there" if running else "would run unpatched in a new process",
+            named(open_),
+            ("runs" if len(open_) == 1 else "run") + " unpatched there"
+            if running
+            else "would run unpatched in a new process",
             _by_reason(open_, _why_open),
-            (" (record %s %s)" % (names(patched), _patched_words(patched, running))) if patched else "",
+            (" (%s %s)" % (named(patched), _patched_words(patched, running))) if patched else "",
         )
     said_accepted = (
-        "; record %s: its bug runs unrepaired (%s), accepted by %s"
+        "; %s: %s unrepaired (%s), accepted by %s"
         % (
-            names(accepted),
+            named(accepted),
+            "its bug runs" if len(accepted) == 1 else "their bugs run",
             _by_reason(accepted, lambda r: r["would_patch_reason"]),
             " and ".join(
                 sorted(
@@ -493,9 +690,10 @@ def overall_headline(reports, code, subject=None, running=False):
     if affected:
         coverage = {r.get("covered_processes") for r in affected}
         words = COVERAGE_WORDS.get(coverage.pop()) if len(coverage) == 1 else None
-        return "PROTECTED: %s has the bugs of record %s; %s%s" % (
+        return "PROTECTED: %s has the %s of %s; %s%s" % (
             sglang,
-            names(affected),
+            "bug" if len(affected) == 1 else "bugs",
+            named(affected),
             words or "; ".join(r["would_patch_reason"] for r in affected),
             said_accepted,
         )
@@ -515,6 +713,7 @@ def overall_headline(reports, code, subject=None, running=False):
 INSTALLED_BY_PIP = (
     "with the plugin installed by pip where this code runs, every Python process that imports it is patched"
 )
+COVERAGE_WORDS[IF_INSTALLED_BY_PIP] = INSTALLED_BY_PIP
 
 
 def headline_of_verdicts(subject, verdicts, upstreams, accepted=frozenset()):
@@ -541,7 +740,7 @@ def headline_of_verdicts(subject, verdicts, upstreams, accepted=frozenset()):
                 if verdict == "unknown"
                 else verdict,
                 "would_patch_reason": INSTALLED_BY_PIP if affected else "the code is not recognised",
-                "covered_processes": EVERY_PROCESS if affected else NONE,
+                "covered_processes": IF_INSTALLED_BY_PIP if affected else NONE,
                 "accepted": name in accepted,
             }
         )
@@ -674,8 +873,15 @@ def of_process(pid):
             code = worst(code, _record_exit_status(hotfix.name, recorded["verdict"], recorded["decision"], patched))
         version = next((r["sglang_version"] for r in reports if r.get("sglang_version")), None)
         subject = "process %d (SGLang %s)" % (pid, version or "version unknown")
-        facts.update(plugin_version=document.get("plugin_version"), python=document.get("python"))
-        headline = overall_headline(reports, code, subject=subject, running=True)
+        written = document.get("written")
+        facts.update(plugin_version=document.get("plugin_version"), python=document.get("python"), recorded_at=written)
+        # The file says what the process did when it handled its records (and after remove()); code
+        # that replaced a patched method there since (an assignment, a HookRegistry REPLACE) leaves no
+        # trace outside the process: the answer says when it was recorded, not more.
+        headline = "%s; as that process recorded it%s (a method replaced there since cannot be seen from outside)" % (
+            overall_headline(reports, code, subject=subject, running=True),
+            " at %s" % _when(written) if isinstance(written, (int, float)) else "",
+        )
         return headline, code, dict(facts, hotfixes=reports)
     return _without_state(pid, facts, where)
 

@@ -50,8 +50,8 @@ def test_status_of_unreadable_source_exits_2_with_one_line(tmp_path):
     path.write_bytes(b"def broken(:\n")
     ran = run_cli("status", "--source", str(path))
     assert ran.returncode == 2
-    lines = ran.stderr.strip().splitlines()  # one per record
-    assert [line.split(": ")[1] for line in lines] == record_names() and all("unknown" in line for line in lines)
+    lines = ran.stderr.strip().splitlines()  # one for the file, naming every record that gives it
+    assert len(lines) == 1 and lines[0].split(": ")[1] == ", ".join(record_names()) and "unknown" in lines[0], lines
 
 
 def test_status_does_not_import_sglang_or_torch(tmp_path):
@@ -209,3 +209,81 @@ def test_a_wrapt_py_in_the_current_folder_is_cannot_patch_and_the_process_blames
     assert imported.returncode == 0, imported
     said = [line for line in imported.hotfix_lines() if "pr26521" in line]
     assert len(said) == 1 and "is not the wrapt package" in said[0] and "internal error" not in said[0], said
+
+
+# --- issue 48, item 3: two copies of the plugin; an SGLang in the current folder ------------------------
+
+
+def _plugin_copy(target_install, folder, version):
+    """The --target copy with its version changed (an older copy left on PYTHONPATH)."""
+    import shutil
+
+    shutil.copytree(target_install, folder, symlinks=True)
+    init = folder / "sglang_hotfix_trtllm" / "__init__.py"
+    text = init.read_text()
+    init.write_text(text.replace('__version__ = "%s"' % _version(), '__version__ = "%s"' % version))
+    for info in folder.glob("sglang_hotfix_trtllm-*.dist-info"):
+        info.rename(folder / ("sglang_hotfix_trtllm-%s.dist-info" % version))
+    return folder
+
+
+def _version():
+    import sglang_hotfix_trtllm
+
+    return sglang_hotfix_trtllm.__version__
+
+
+def test_two_copies_in_different_versions_are_said_and_are_not_a_clean_protected(tmp_path, target_install):
+    """Issue 48, item 3: pip's copy in site-packages and an older --target copy on PYTHONPATH
+    (importlib.metadata sees both): status said PROTECTED with no word of it."""
+    old = _plugin_copy(target_install, tmp_path / "old", "0.14.0")
+    ran = status_json(cwd=tmp_path, env=clean_env(PYTHONPATH=str(old)))
+    document = ran.report
+    assert ran.returncode == 3 and document["exit_status"] == 3, document["headline"]
+    headline = document["headline"]
+    assert headline.startswith("CANNOT TELL: 2 copies of this plugin, in different versions: 0.14.0 at %s" % old)
+    assert "this command runs it, as `python -m sglang_hotfix_trtllm` does here" in headline
+    assert "%s at %s (site-packages)" % (_version(), document["startup_file"].rsplit("/", 1)[0]) in headline
+    assert "one started with this environment's PYTHONPATH: 0.14.0 %s" % old in headline
+    assert "what this copy (0.14.0) says: PROTECTED: " in headline
+    assert [c["version"] for c in document["plugin_copies"]] == ["0.14.0", _version()]
+
+
+def test_two_copies_of_one_version_are_said_without_failing(tmp_path, target_install):
+    ran = run_cli("status", cwd=tmp_path, env=clean_env(PYTHONPATH=str(target_install)))
+    assert ran.returncode == 0 and ran.stdout.startswith("PROTECTED: "), ran
+    said = [line for line in ran.stdout.splitlines() if line.startswith("2 copies of this plugin: ")]
+    assert len(said) == 1 and str(target_install) in said[0], ran.stdout
+
+
+@pytest.mark.parametrize("where", [("sglang",), ("python", "sglang")])
+def test_an_sglang_in_the_current_folder_is_judged_as_what_processes_started_there_import(
+    tmp_path, where, installed_backend_path
+):
+    """Issue 48, item 3: run from a folder holding an SGLang (an unpacked wheel, a checkout), status
+    judged the installed release alone, while `python -m` processes started there import the folder's."""
+    import release_selection
+
+    release = release_selection.release_dir("0.5.19") / "sglang" / "srt" / "layers" / "attention"
+    root = tmp_path.joinpath(*where[:-1])
+    sglang_tree(
+        root,
+        (release / "trtllm_mha_backend.py").read_text(encoding="utf-8"),
+        link_installed=installed_backend_path.parents[3],
+    )
+    package = root / "sglang"
+    # ./sglang: processes started here import it; a checkout's ./python/sglang: those started in ./python
+    started_in = "this folder (%s)" % tmp_path if where == ("sglang",) else str(root)
+    for ran in (run_cli("status", cwd=tmp_path), run_cli("status", python=sys.executable, cwd=tmp_path)):
+        first = ran.stdout.splitlines()[0]
+        assert ran.returncode == 1, ran
+        assert first.startswith(
+            "NOT PROTECTED: processes started in %s import %s before the installed SGLang; there: "
+            "NOT PROTECTED: SGLang 0.5.12 at %s: record xqa_draft_extend would run unpatched"
+            % (started_in, package, package)
+        ), first
+        assert "; the installed SGLang: PROTECTED: SGLang 0.5.12 has the bugs of records pr26521," in first
+    document = status_json(cwd=tmp_path).report
+    here = document["current_folder_sglang"]
+    assert here["location"] == str(package) and here["exit_status"] == 1
+    assert {r["hotfix"]: r["verdict"] for r in here["hotfixes"]}["xqa_draft_extend"] == "unrepairable"

@@ -139,7 +139,7 @@ def test_the_readmes_examples_show_one_line_per_record_in_catalog_order():
     samples = re.findall(r'sglang_hotfix_trtllm_applied\{.*record="([a-z][a-z0-9_]*)"', shown)
     assert samples == PATCHING
     assert set(NAMES) - set(PATCHING) == set(KERNEL_BUGS)  # FlashInfer's kernel bugs are only reported
-    (first_line,) = re.findall(r"^PROTECTED: SGLang 0\.5\.12 has the bugs of record ([^;]+);", shown, re.M)
+    (first_line,) = re.findall(r"^PROTECTED: SGLang 0\.5\.12 has the bugs of records ([^;]+);", shown, re.M)
     assert first_line.split(", ") == [
         name for name, verdict in docs_tables.verdicts_by_release()["0.5.12"].items() if verdict == "affected"
     ]

@@ -621,7 +621,10 @@ def test_an_odd_file_named_like_the_backend_is_reported_not_read(image_root, odd
     ran = _scan(image_root, timeout=60)
     assert ran.returncode == 3, ran
     assert sorted(s["verdict"] for s in ran.record()["sources"]) == ["affected", "fixed"]
-    reason = {"fifo": "not a regular file", "broken_link": "a broken link"}[odd]
+    reason = {
+        "fifo": "a FIFO (named pipe)",
+        "broken_link": "a broken link (its target %s does not exist)" % (image_root / "nowhere"),
+    }[odd]
     assert ran.report["unreadable"] == ["%s: %s" % (path, reason)] == ran.record()["unreadable"]
 
 
@@ -696,7 +699,7 @@ def _backend_of(release):
 @pytest.mark.parametrize(
     "release, code, opening",
     [
-        ("0.5.12", 0, "PROTECTED: %s has the bugs of record pr26521, pr25103, pr28144, pr31667, encoder_only_mask; "),
+        ("0.5.12", 0, "PROTECTED: %s has the bugs of records pr26521, pr25103, pr28144, pr31667, encoder_only_mask; "),
         ("0.5.19", 1, "NOT PROTECTED: %s: record xqa_draft_extend would run unpatched"),
         ("0.5.23", 0, "NOTHING TO DO: %s already has every fix this package carries"),
     ],
@@ -734,3 +737,93 @@ def test_a_path_with_a_newline_keeps_the_first_line_one_line(tmp_path, installed
     ran = run_cli("status", "--source", str(root))
     first = ran.stdout.split("\n", 1)[0]
     assert ran.returncode == 0 and first.startswith("PROTECTED: '") and "\\n" in first, ran.stdout[:300]
+
+
+# --- issue 48, item 3: what --source says of odd paths, and first lines that say a thing once ---------
+
+
+@pytest.mark.parametrize("odd, words", [("fifo", "is a FIFO (named pipe)"), ("devnull", "is a character device")])
+def test_a_fifo_or_a_device_given_as_the_path_is_named_as_what_it_is(tmp_path, odd, words):
+    """Both read "cannot read PATH: Not a directory"."""
+    if odd == "fifo":
+        path = tmp_path / "trtllm_mha_backend.py"
+        os.mkfifo(path)
+    else:
+        path = pathlib.Path(os.devnull)
+    ran = run_cli("status", "--source", str(path), timeout=60)
+    assert ran.returncode == 3 and ran.stdout == "", ran
+    assert words in ran.stderr and "Not a directory" not in ran.stderr, ran.stderr
+
+
+def test_a_symlink_loop_is_called_a_loop_as_the_path_and_inside_a_folder(image_root):
+    """A loop read "no such file or folder" as the path, and "a broken link" inside a folder."""
+    loop = image_root / "loop"
+    loop.symlink_to(loop)
+    ran = run_cli("status", "--source", str(loop))
+    assert ran.returncode == 3 and "symbolic link loop" in ran.stderr and "no such file" not in ran.stderr, ran
+    inside = image_root / "etc" / "trtllm_mha_backend.py"
+    inside.symlink_to(inside)
+    ran = _scan(image_root)
+    assert ran.returncode == 3 and ran.report["unreadable"] == [
+        "%s: a symbolic link loop (it leads back to itself)" % inside
+    ]
+
+
+def test_a_linked_sglang_folder_the_walk_skips_is_said_with_a_hint(tmp_path, installed_backend_source):
+    """A tree whose SGLang is a link to a folder (a mounted checkout) said only "no trtllm_mha_backend.py"."""
+    real = sglang_tree(tmp_path / "checkout" / "python", installed_backend_source) / "sglang"
+    image = tmp_path / "image" / "app"
+    image.mkdir(parents=True)
+    (image / "sglang").symlink_to(real)
+    ran = run_cli("status", "--source", str(tmp_path / "image"))
+    assert ran.returncode == 3, ran
+    assert (
+        "%s is a link to a folder (%s), not followed: give that folder as --source" % (image / "sglang", real)
+        in ran.stderr
+    )
+
+
+def test_an_image_root_says_each_distinct_unknown_message_once(tmp_path):
+    """`status --source /` wrote one identical line per record for every file it did not recognise."""
+    for name in ("a", "b"):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "trtllm_mha_backend.py").write_text("x = 1\n")
+    ran = run_cli("status", "--source", str(tmp_path))
+    lines = ran.stderr.strip().splitlines()
+    assert ran.returncode == 2 and len(lines) == 2, ran.stderr
+    assert all(", ".join(record_names()) + ": " in line for line in lines), lines
+
+
+def test_a_path_with_a_newline_is_escaped_on_stderr_as_on_stdout(tmp_path):
+    root = tmp_path / "odd\nname"
+    (root / "x").mkdir(parents=True)
+    (root / "x" / "trtllm_mha_backend.py").write_text("x = 1\n")
+    ran = run_cli("status", "--source", str(root))
+    assert ran.returncode == 2 and ran.stdout.split("\n", 1)[0].startswith("CANNOT PATCH: '"), ran
+    assert len(ran.stderr.strip().splitlines()) == 1 and "odd\\nname" in ran.stderr, ran.stderr
+
+
+def test_a_file_given_by_path_is_not_said_to_be_of_this_environment(tmp_path, installed_backend_source):
+    path = tmp_path / "trtllm_mha_backend.py"
+    path.write_text(installed_backend_source)
+    first = run_cli("status", "--source", str(path)).stdout.splitlines()[0]
+    assert "this environment" not in first and "with the plugin installed by pip where this code runs" in first, first
+
+
+def test_first_lines_name_a_record_once_and_agree_in_number(tmp_path, installed_backend_source):
+    """One record's name was said twice ("record pr26521: pr26521: ..."); "record A, B ... runs" and
+    "the bugs of record A, B" read as one record."""
+    one = run_cli("status", env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE="pr25103")).stdout.splitlines()[0]
+    assert "record pr25103 would run unpatched in a new process: SGLANG_HOTFIX_TRTLLM_DISABLE names pr25103" in one, one
+    assert "(records pr26521, pr28144, pr31667, encoder_only_mask would be patched)" in one, one
+    both = run_cli("status").stdout.splitlines()[0]
+    assert both.startswith("PROTECTED: SGLang 0.5.12 has the bugs of records pr26521, pr25103,"), both
+
+
+def test_without_sglang_no_record_line_says_nothing_to_do(tmp_path, bare_python, target_install):
+    """Nine "not-applicable  nothing to do" lines sat under CANNOT PATCH."""
+    ran = run_cli("status", python=bare_python, env=clean_env(PYTHONPATH=str(target_install)), cwd=tmp_path)
+    assert ran.returncode == 2 and ran.stdout.startswith("CANNOT PATCH: SGLang is not installed for this Python")
+    assert "nothing to do" not in ran.stdout, ran.stdout
+    assert "this Python has no SGLang: nothing here is patched or protected" in ran.stdout

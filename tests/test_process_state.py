@@ -28,6 +28,10 @@ for line in sys.stdin:
         import sglang_hotfix_trtllm
         sglang_hotfix_trtllm.remove()
         print("removed", flush=True)
+    if line.strip() == "replace":  # another plugin's code in place of a method the hotfix patched
+        backend = sys.modules["sglang.srt.layers.attention.trtllm_mha_backend"]
+        backend.TRTLLMHAAttnBackend.forward_extend = lambda self, *args, **kwargs: None
+        print("replaced", flush=True)
 """
 
 
@@ -98,7 +102,7 @@ def test_a_process_started_with_a_record_off_is_not_protected_while_a_new_proces
     assert shown.returncode == 1, shown.report
     opening = "NOT PROTECTED: process %d (SGLang 0.5.12): record pr31667 runs unpatched there" % running.pid
     assert shown.report["headline"].startswith(opening), shown.report["headline"]
-    assert "(record pr26521, pr25103, pr28144, encoder_only_mask are patched)" in shown.report["headline"]
+    assert "(records pr26521, pr25103, pr28144, encoder_only_mask are patched)" in shown.report["headline"]
     assert _records(shown.report)["pr31667"]["would_patch_reason"] == "SGLANG_HOTFIX_TRTLLM_DISABLE names pr31667"
     plain = status_json(env=clean_env())  # what `status` alone says, for a new process
     assert plain.returncode == 0 and plain.report["headline"].startswith("PROTECTED")
@@ -297,3 +301,49 @@ def test_the_install_time_is_what_the_installer_wrote_not_a_hard_linked_files_ti
     os.utime(tmp_path / "sglang_hotfix_trtllm-0.15.0.dist-info", (1_700_000_000, 1_700_000_000))
     monkeypatch.setattr(launcher, "INSTALL_DIR", str(tmp_path))
     assert state._installed_at() == 1_700_000_000
+
+
+def test_status_pid_says_it_reports_what_the_process_recorded_and_when(child):
+    """Issue 48, item 3: after the patched method was replaced in the process (an assignment, a
+    HookRegistry REPLACE), `--pid` still said PROTECTED as if it saw inside the process. It cannot:
+    the answer says it is what the process recorded when it handled its records, and when."""
+    running = child()
+    running.send("replace", "replaced")
+    shown = running.status()
+    report = shown.report
+    assert shown.returncode == 0 and isinstance(report["recorded_at"], float), report
+    assert "was patched in that process when it recorded its state" in report["headline"], report["headline"]
+    assert "as that process recorded it at %s" % state._when(report["recorded_at"]) in report["headline"]
+    assert "a method replaced there since cannot be seen from outside" in report["headline"]
+    text = run_cli(
+        "status", "--pid", str(running.pid), env=clean_env(SGLANG_HOTFIX_TRTLLM_STATE_DIR=str(running.state))
+    )
+    assert "recorded at: %s" % state._when(report["recorded_at"]) in text.stdout, text.stdout
+    # A record fixed there says so once ("nothing to patch: the verdict is fixed (verdict fixed)").
+    line = next(line for line in text.stdout.splitlines() if line.startswith("record pr17732"))
+    assert line.startswith("record pr17732 (fixed): nothing to patch; ") and "verdict" not in line, line
+
+
+def test_a_process_that_records_its_state_prunes_the_files_of_gone_processes(tmp_path, child):
+    """Issue 48, item 3: one file per process, and only `status --processes` (a read command) pruned
+    them: 80 after an hour, 76 of processes that were gone."""
+    folder = tmp_path / "state"
+    folder.mkdir(mode=0o700)
+    gone = [folder / "999999-1.json", folder / ("%d-1.json" % os.getpid()), folder / "999998-2.json.999998.partial"]
+    for path in gone:
+        path.write_text("{}")
+    other = folder / "notes.txt"  # not a state file: left alone
+    other.write_text("x")
+    running = child()
+    names = sorted(os.listdir(folder))
+    assert names == sorted([process_state.file_name(running.pid, process_state.start_ticks(running.pid)), "notes.txt"])
+
+
+def test_pruning_is_bounded_in_cost(tmp_path):
+    folder = tmp_path / "state"
+    folder.mkdir(mode=0o700)
+    for pid in range(999_000, 999_000 + 3 * process_state.PRUNE_AT_MOST):
+        (folder / ("%d-1.json" % pid)).write_text("{}")
+    removed = process_state.prune(str(folder))
+    assert removed == process_state.PRUNE_AT_MOST
+    assert len(os.listdir(folder)) == 2 * process_state.PRUNE_AT_MOST

@@ -238,7 +238,7 @@ def test_an_unrepairable_release_is_not_protected_and_says_what_fixes_it():
     headline = document["headline"]
     assert headline.startswith("NOT PROTECTED: SGLang 0.5.19: record xqa_draft_extend ")
     assert headline.count("SGLang 0.5.22 fixes it") == 1
-    assert "(record xqa_workspace, encoder_only_mask would be patched)" in headline
+    assert "(records xqa_workspace, encoder_only_mask would be patched)" in headline
     blocks = {r["hotfix"]: r for r in document["hotfixes"]}
     block = blocks["xqa_draft_extend"]
     assert block["verdict"] == "unrepairable" and block["would_patch"] is False and "0.5.22" in block["reason"]
@@ -253,14 +253,14 @@ def test_an_unrepairable_release_is_not_protected_and_says_what_fixes_it():
             "0.5.19",
             "xqa_draft_extend",
             0,
-            "PROTECTED: SGLang 0.5.19 has the bugs of record xqa_workspace, encoder_only_mask;",
+            "PROTECTED: SGLang 0.5.19 has the bugs of records xqa_workspace, encoder_only_mask;",
         ),
         # 0.5.17: encoder_only_mask repairs (0.5.16 to 0.5.18), xqa_draft_extend only reports
         (
             "0.5.17",
             "xqa_draft_extend",
             0,
-            "PROTECTED: SGLang 0.5.17 has the bugs of record encoder_only_mask;",
+            "PROTECTED: SGLang 0.5.17 has the bug of record encoder_only_mask;",
         ),
         (
             "0.5.17",
@@ -273,14 +273,14 @@ def test_an_unrepairable_release_is_not_protected_and_says_what_fixes_it():
             "0.5.19",
             "encoder_only_mask",
             1,
-            "NOT PROTECTED: SGLang 0.5.19: record encoder_only_mask, xqa_draft_extend would run",
+            "NOT PROTECTED: SGLang 0.5.19: records encoder_only_mask, xqa_draft_extend would run",
         ),
         # a record that could repair, turned off: its bug runs, NOT PROTECTED as before
         (
             "0.5.19",
             "xqa_workspace,encoder_only_mask,xqa_draft_extend",
             1,
-            "NOT PROTECTED: SGLang 0.5.19: record xqa_workspace, encoder_only_mask would run",
+            "NOT PROTECTED: SGLang 0.5.19: records xqa_workspace, encoder_only_mask would run",
         ),
     ],
 )

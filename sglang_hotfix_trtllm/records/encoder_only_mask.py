@@ -230,6 +230,10 @@ def classify(tree):
 
 
 HOTFIX = Hotfix(
+    gpu_proof=(
+        "on an H100 with 0.14.0, SGLang 0.5.19's ENCODER_ONLY prefill on Hopper's fmha_v2 (docs/gpu.md); not "
+        "on Blackwell, whose TRT-LLM-GEN context kernel (SM100) no card at hand runs"
+    ),
     name=NAME,
     upstream=UPSTREAM,
     summary="TRT-LLM MHA prefills ENCODER_ONLY (bidirectional) layers without a causal mask",

@@ -222,6 +222,7 @@ def classify(tree):
 
 
 HOTFIX = Hotfix(
+    gpu_proof="none: its kernels (TRT-LLM-GEN) run on Blackwell (SM100) only, and no Blackwell card was at hand",
     name="pr17732",
     upstream=UPSTREAM,
     summary="TRT-LLM MHA decode and extend pass TRT-LLM-GEN K/V cache views with canonical strides when the "

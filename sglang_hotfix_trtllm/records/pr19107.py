@@ -186,6 +186,10 @@ def classify(tree):
 
 
 HOTFIX = Hotfix(
+    gpu_proof=(
+        "none: on 0.5.9, the one release it repairs, trtllm_mha runs on Blackwell (SM100) only, and no "
+        "Blackwell card was at hand"
+    ),
     name="pr19107",
     upstream=UPSTREAM,
     summary="TRT-LLM MHA's fused FP8 KV write translates a sliding-window layer's locations into the "

@@ -296,6 +296,10 @@ def classify(tree):
 
 
 HOTFIX = Hotfix(
+    gpu_proof=(
+        "on an H200, SGLang 0.5.12's forward_decode and target verify into FlashInfer's XQA with an FP8 KV "
+        "cache, again on an H100 with 0.14.0 (docs/gpu.md)"
+    ),
     name="pr28144",
     upstream=UPSTREAM,
     summary="TRT-LLM MHA decode and extend pass FlashInfer the FP8 KV cache's scales (K scale in bmm1, V scale "

@@ -127,6 +127,10 @@ def classify(tree):
 
 
 HOTFIX = Hotfix(
+    gpu_proof=(
+        "on an H200, SGLang 0.5.12's forward_decode into FlashInfer 0.6.11.post1's XQA with a strided query, "
+        "and a real 0.5.12 server; again on an H100 with 0.14.0 (docs/gpu.md)"
+    ),
     name="pr31667",
     upstream=UPSTREAM,
     summary="TRT-LLM MHA decode on XQA (Hopper, SM120) passes FlashInfer a packed query, not a strided view",

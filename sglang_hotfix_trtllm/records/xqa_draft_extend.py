@@ -276,6 +276,7 @@ def classify(tree):
 
 
 HOTFIX = Hotfix(
+    gpu_proof="none: its CPU proof only (docs/records.md)",
     name=NAME,
     upstream=UPSTREAM,
     summary="EAGLE/MTP draft extend on XQA (SM90/SM120) keeps BF16 Q and gets the spec-decoding mask "

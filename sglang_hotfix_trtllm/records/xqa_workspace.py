@@ -376,6 +376,10 @@ def environment():
 
 
 HOTFIX = Hotfix(
+    gpu_proof=(
+        "on an H200, SGLang 0.5.19's fmha_v2 prefill and XQA decode with FlashInfer 0.6.18 (and 0.5.22 with "
+        "FlashInfer 0.7.1), again on an H100 with 0.14.0 (docs/gpu.md)"
+    ),
     name=NAME,
     upstream=UPSTREAM,
     summary="on SM90/SM120, TRT-LLM MHA's fmha_v2 prefill no longer writes into XQA decode's semaphores "
