@@ -386,10 +386,11 @@ def _source_headlines(documents, state):
     """(lines, exit status): the first line of ``status --source`` for what was judged, in the words
     of ``status`` for an installed SGLang, read as "with the plugin installed by pip where this
     code runs"; for a folder, an opening line across its files, then one line per file."""
-    verdicts = {}  # path -> {record: verdict}
+    verdicts, reasons = {}, {}  # path -> {record: verdict}, {record: reason}
     for document in documents:
         for report in document.get("sources", [document]):
             verdicts.setdefault(report["source_path"], {})[report["hotfix"]] = report["verdict"]
+            reasons.setdefault(report["source_path"], {})[report["hotfix"]] = report.get("reason")
     upstreams = {hotfix.name: hotfix.upstream for hotfix in catalog.HOTFIXES}
     # --accept (and the variable) count here as for an installed SGLang: a file of 0.5.10 on reaches
     # FlashInfer kernels whose bugs only the FlashInfer beside it would clear.
@@ -397,7 +398,8 @@ def _source_headlines(documents, state):
 
     accepted = read().accepted_records
     judged = [
-        state.headline_of_verdicts(_shown(path), by_record, upstreams, accepted) for path, by_record in verdicts.items()
+        state.headline_of_verdicts(_shown(path), by_record, upstreams, accepted, reasons[path])
+        for path, by_record in verdicts.items()
     ]
     code = max(file_code for _, file_code in judged)
     if len(judged) == 1:

@@ -518,11 +518,38 @@ def in_this_environment(hotfix, assessment):
     )
 
 
-def _with_flashinfer(hotfix, assessment):
+def beside_its_flashinfer(hotfix, assessment):
+    """``assessment`` of a file judged on its own (``status --source``): a record of FlashInfer's own
+    kernel bug whose code reaches the kernel path gets the verdict of the FlashInfer installed in the
+    folder that holds the file's ``sglang`` package (an image's site-packages), or not-applicable
+    where that folder holds none (no FlashInfer kernel runs beside it), as for an installed SGLang.
+    Every other assessment is returned as it is."""
+    if hotfix.flashinfer_fix is None or assessment.verdict is not Verdict.UNREPAIRABLE:
+        return assessment
+    from .flashinfer_install import beside
+
+    judged = _with_flashinfer(hotfix, assessment, lambda: beside(assessment.source_path, hotfix.module))
+    if judged.verdict is not Verdict.NOT_APPLICABLE:
+        return judged
+    return Assessment(
+        judged.hotfix_name,
+        judged.target,
+        judged.verdict,
+        "no FlashInfer is installed beside this code: no FlashInfer kernel runs with it",
+        judged.fingerprint,
+        judged.source_path,
+        judged.known_releases,
+        judged.method_first_line,
+    )
+
+
+def _with_flashinfer(hotfix, assessment, found=None):
     from .flashinfer_install import judge_kernel_fix
 
     try:
-        verdict, why = judge_kernel_fix(hotfix.flashinfer_fix.first, hotfix.flashinfer_fix.reference)
+        verdict, why = judge_kernel_fix(
+            hotfix.flashinfer_fix.first, hotfix.flashinfer_fix.reference, found() if found else None
+        )
     except Exception as error:  # a bug here must not take the host down; the bug stays reported
         verdict, why = (
             Verdict.UNREPAIRABLE,

@@ -46,6 +46,20 @@ def installed():
     return Installed(source.distribution(DISTRIBUTION, located.path, PACKAGE + ".__init__").version, folder)
 
 
+def beside(source_path, module):
+    """The FlashInfer installed in the folder that holds the package of ``module`` whose file is
+    ``source_path`` (a backend judged on its own, in an image's site-packages): its version from that
+    folder's metadata; not installed where that folder has no ``flashinfer`` package (or the path is
+    not the module's)."""
+    layout = os.path.join(*module.split(".")) + ".py"
+    if not source_path or not os.path.realpath(source_path).endswith(os.sep + layout):
+        return Installed(None, None)  # a file of its own, outside a package folder: nothing beside it
+    init = os.path.join(source.install_root(source_path, module), PACKAGE, "__init__.py")
+    if not os.path.isfile(init):
+        return Installed(None, None)
+    return Installed(source.distribution(DISTRIBUTION, init, PACKAGE + ".__init__").version, os.path.dirname(init))
+
+
 def _release(version):
     """(major, minor, patch) of a version string, or None."""
     found = re.match(r"(\d+)\.(\d+)\.(\d+)", version or "")

@@ -220,11 +220,14 @@ def _distribution(name, source_path=None, module=None):
     try:
         from importlib import metadata
 
-        dist = metadata.distribution(name)
-        if source_path is not None and not _owns(dist, source_path, module):
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            dist = None  # not on this Python's path: the installation beside ``source_path`` may have it
+        if source_path is not None and (dist is None or not _owns(dist, source_path, module)):
             dist = next(iter(metadata.distributions(name=name, path=[install_root(source_path, module)])), None)
-            if dist is None:
-                return Distribution(name, None, "unknown")
+        if dist is None:
+            return Distribution(name, None, "unknown")
     except Exception:
         return Distribution(name, None, "unknown")
     kind = "editable" if _editable_root(dist) is not None else "wheel"

@@ -356,6 +356,7 @@ def source_exit_status(verdict, accepted=False):
 def of_file(hotfix, path):
     """(report dict, assessment, exit status) for one given source file."""
     assessment = _assessed_in_walk(hotfix, path) if _assessed is not None else detect.assess_source(hotfix, path)
+    assessment = detect.beside_its_flashinfer(hotfix, assessment)
     accepted = hotfix.name in switches.read().accepted_records  # --accept counts for a file as for an install
     return assessment.as_dict(), assessment, source_exit_status(assessment.verdict, accepted)
 
@@ -606,6 +607,13 @@ def _why_open(report):
     return report["would_patch_reason"]
 
 
+def _kernel_bug_absent(report):
+    """A record of FlashInfer's own kernel bug (``Hotfix.flashinfer_fix``) that is not reported here:
+    the package carries no fix for it, so it does not keep the package needed."""
+    hotfix = next((h for h in catalog.HOTFIXES if h.name == report["hotfix"]), None)
+    return hotfix is not None and hotfix.flashinfer_fix is not None and report["verdict"] == "not-applicable"
+
+
 def _by_reason(reports, why):
     """``record: reason`` for each reason once, the records sharing it named together (a reason
     said for every record, "no loader is active" say, is one sentence, not one per record); one
@@ -699,13 +707,20 @@ def overall_headline(reports, code, subject=None, running=False):
         )
     if accepted:
         return "NOTHING TO DO: %s%s" % (sglang, said_accepted)
-    if all(r["verdict"] == "fixed" for r in reports):
+    if all(r["verdict"] == "fixed" or _kernel_bug_absent(r) for r in reports):
         return "NOTHING TO DO: %s already has every fix this package carries; it can be removed (%s)" % (
             sglang,
             engine.UNINSTALL_HINT,
         )
-    return "NOTHING TO DO: %s" % "; ".join(
-        "record %s: %s" % (r["hotfix"], r["reason"] if r["verdict"] != "fixed" else "already fixed") for r in reports
+    grouped = {}  # one clause per reason, its records named together
+    for r in reports:
+        grouped.setdefault(r["reason"] if r["verdict"] != "fixed" else "already fixed", []).append(r["hotfix"])
+    return "NOTHING TO DO: %s: %s" % (
+        sglang,
+        "; ".join(
+            "%s %s: %s" % ("records" if len(names) > 1 else "record", ", ".join(names), reason)
+            for reason, names in grouped.items()
+        ),
     )
 
 
@@ -716,12 +731,13 @@ INSTALLED_BY_PIP = (
 COVERAGE_WORDS[IF_INSTALLED_BY_PIP] = INSTALLED_BY_PIP
 
 
-def headline_of_verdicts(subject, verdicts, upstreams, accepted=frozenset()):
+def headline_of_verdicts(subject, verdicts, upstreams, accepted=frozenset(), reasons=None):
     """(first line, exit status) of ``status`` for code with these verdicts (record name ->
     verdict), where the plugin is installed by pip: ``status --source`` for one file, and the
     README's table for a release (``tools/docs_tables.py``). ``subject`` names the code ("SGLang
     0.5.12", a file's path); ``upstreams``: record name -> ``Hotfix.upstream``; ``accepted``: the
-    records whose unrepairable bug the operator accepts (``switches.ACCEPT``)."""
+    records whose unrepairable bug the operator accepts (``switches.ACCEPT``); ``reasons``: record
+    name -> the reason its verdict was given, said where the line names it (else the verdict)."""
     reports = []
     for name, verdict in verdicts.items():
         affected = verdict == "affected"
@@ -730,7 +746,7 @@ def headline_of_verdicts(subject, verdicts, upstreams, accepted=frozenset()):
                 "hotfix": name,
                 "upstream": upstreams.get(name),
                 "verdict": verdict,
-                "reason": "(reason)",
+                "reason": (reasons or {}).get(name) or verdict,
                 "sglang_version": subject,
                 "would_patch": affected,
                 # Only what overall_headline asks of it: a refusal is named on the CANNOT PATCH line.

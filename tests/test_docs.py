@@ -15,7 +15,7 @@ import release_selection
 import scan_releases
 import sglang_hotfix_trtllm
 from conftest import REPO
-from sglang_hotfix_trtllm import detect, status
+from sglang_hotfix_trtllm import detect
 from sglang_hotfix_trtllm.record import Verdict
 from sglang_hotfix_trtllm.records import catalog
 
@@ -75,10 +75,10 @@ def test_the_status_table_is_what_status_says_on_the_releases_own_source(release
     path = str(release_selection.release_dir(release) / "sglang/srt/layers/attention/trtllm_mha_backend.py")
     pin = docs_tables.flashinfer_pins()[release]
     with detect.shared_parses():
-        live = {hotfix.name: status.of_file(hotfix, path)[1].verdict for hotfix in catalog.HOTFIXES}
-    for (
-        hotfix
-    ) in catalog.HOTFIXES:  # a FlashInfer kernel bug the code reaches: what the release's own FlashInfer makes of it
+        live = {hotfix.name: detect.assess_source(hotfix, path).verdict for hotfix in catalog.HOTFIXES}
+    for hotfix in catalog.HOTFIXES:
+        # a FlashInfer kernel bug the code reaches: what the release's own FlashInfer makes of it (`status
+        # --source` judges it with the FlashInfer beside the file: none beside the release's cached file)
         if hotfix.flashinfer_fix is not None and live[hotfix.name] is Verdict.UNREPAIRABLE:
             live[hotfix.name] = scan_releases.with_pin(hotfix, pin)[0]
     live = {name: verdict.value for name, verdict in live.items()}

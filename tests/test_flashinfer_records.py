@@ -202,12 +202,51 @@ def test_status_on_0_5_12_judges_the_installed_flashinfer(tmp_path, flashinfer, 
     if reported:
         # (the release's files carry no metadata: "SGLang (version unknown)")
         assert ran.returncode == 1 and report["headline"].startswith("NOT PROTECTED: SGLang "), report["headline"]
-        assert ": record %s would run unpatched" % ", ".join(reported) in report["headline"]
+        named = ("records " if len(reported) > 1 else "record ") + ", ".join(reported)
+        assert ": %s would run unpatched" % named in report["headline"]
         accepted = status_json("--accept", ",".join(reported), env=clean_env(PYTHONPATH=str(environment)))
         assert accepted.returncode == 0, accepted.report["headline"]
-        assert "record %s: its bug runs unrepaired" % ", ".join(reported) in accepted.report["headline"]
+        runs = "their bugs run" if len(reported) > 1 else "its bug runs"
+        assert "%s: %s unrepaired" % (named, runs) in accepted.report["headline"], accepted.report["headline"]
     else:
         assert ran.returncode == 0 and report["headline"].startswith("PROTECTED: SGLang "), report["headline"]
+
+
+@pytest.mark.parametrize(
+    "flashinfer, verdicts",
+    [
+        ("0.6.16", {"flashinfer4161": "unrepairable", "flashinfer4382": "unrepairable"}),
+        ("0.6.18", {"flashinfer4161": "fixed", "flashinfer4382": "fixed"}),
+        (None, {"flashinfer4161": "not-applicable", "flashinfer4382": "not-applicable"}),
+    ],
+)
+def test_status_source_judges_the_flashinfer_beside_the_code(tmp_path, flashinfer, verdicts):
+    """``status --source`` on an image's site-packages judges the kernel bugs with the FlashInfer
+    installed there (not this Python's), as ``status`` does an installed SGLang; a backend file
+    alone, with no FlashInfer beside it, runs no FlashInfer kernel."""
+    environment = _environment(tmp_path, "0.5.12", flashinfer)
+    for target in (environment, environment / BACKEND):
+        report = status_json("--source", str(target)).report
+        got = {r["hotfix"]: _one_source(r)["verdict"] for r in report["hotfixes"] if r["hotfix"] in verdicts}
+        assert got == verdicts, report
+        expected = 1 if "unrepairable" in verdicts.values() else 0
+        assert report["exit_status"] == expected, report["headline"]
+    alone = tmp_path / "alone" / "trtllm_mha_backend.py"
+    alone.parent.mkdir()
+    shutil.copyfile(environment / BACKEND, alone)
+    rows = status_json("--source", str(alone)).report["hotfixes"]
+    assert {r["hotfix"]: _one_source(r)["verdict"] for r in rows if r["hotfix"] in verdicts} == dict.fromkeys(
+        verdicts, "not-applicable"
+    )
+
+
+def _one_source(row):
+    """A record's report on the one backend file a ``status --source`` found (given a folder: under
+    ``sources``; given the file: the row itself)."""
+    if "sources" not in row:
+        return row
+    (found,) = row["sources"]
+    return found
 
 
 def test_status_on_0_5_9_reports_only_the_route_it_has(tmp_path):

@@ -46,7 +46,8 @@ def test_verify_says_which_record_it_cannot_verify_on_cpu_and_exits_3_for_it(tmp
     last = ran.stdout.splitlines()[-1]
     assert last == (
         "summary (exit 3): not verified here (no CPU probe): pr28144, pr31667, encoder_only_mask; verified: patched "
-        "equals upstream: pr26521, pr25103; nothing to verify: pr17732, pr19107, xqa_workspace, xqa_draft_extend"
+        "equals upstream: pr26521, pr25103; nothing to verify: pr17732, pr19107, xqa_workspace, xqa_draft_extend, "
+        "flashinfer4161, flashinfer4382"
     ), last
     line = next(
         line for line in ran.stdout.splitlines() if line.startswith("not verified here: record encoder_only_mask")
@@ -70,6 +71,8 @@ def test_verify_json_is_one_document_with_each_records_outcome(tmp_path):
         "xqa_workspace": "nothing-to-verify",
         "encoder_only_mask": "not-verified",
         "xqa_draft_extend": "nothing-to-verify",
+        "flashinfer4161": "nothing-to-verify",
+        "flashinfer4382": "nothing-to-verify",
     }
     pr26521 = document["records"][0]
     assert pr26521["rows"] and pr26521["exit_status"] == 0 and pr26521["message"].startswith("OK: ")
@@ -107,7 +110,8 @@ def test_verify_on_a_fixed_release_has_nothing_to_verify(tmp_path):
     # which no CPU probe shows repaired (exit 3)
     assert ran.returncode == 3 and "nothing to verify" in ran.stdout, ran.stdout + ran.stderr
     assert ran.stdout.splitlines()[-1].endswith(
-        "nothing to verify: pr26521, pr25103, pr17732, pr19107, xqa_workspace, xqa_draft_extend"
+        "nothing to verify: pr26521, pr25103, pr17732, pr19107, xqa_workspace, xqa_draft_extend, flashinfer4161, "
+        "flashinfer4382"
     )
 
 
