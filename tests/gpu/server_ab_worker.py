@@ -9,9 +9,12 @@ Arms, one server each (``python -m sglang.launch_server``, test_server_e2e's lau
 * ``hotfix``: the plugin on the server's PYTHONPATH (a ``pip install --target`` folder: SGLang's own
   plugin loader applies it, as in test_server_e2e's case 2);
 * ``anchor``: SGLang with ``tools/anchor_source.py``'s file (0.5.12 with upstream's changes for the
-  records that apply there inserted: PR #28144 as in 0.5.15, PR #31667 as in 0.5.16) in place of
-  its ``trtllm_mha_backend.py``, in a copy of the ``sglang`` package put first on the path (what an
-  upgrade would cost); the plugin not on the path.
+  records that apply there inserted: PR #26521, PR #25103 as in 0.5.13, PR #28144 as in 0.5.15,
+  PR #31667 as in 0.5.16, encoder_only_mask as in 0.5.22) in place of its ``trtllm_mha_backend.py``,
+  in a copy of the ``sglang`` package put first on the path (what an upgrade would cost); the
+  plugin not on the path;
+* ``disabled``: the plugin on the path as in ``hotfix``, turned off with
+  ``SGLANG_HOTFIX_TRTLLM_DISABLE=1`` (what the plugin's mere presence costs).
 
 The model is Llama-3-8B's shape (32 layers, hidden 4096, 32 query and 8 KV heads of 128, vocabulary
 128256) with SGLang's dummy weights (``--load-format dummy``: nothing to download or build) and no
@@ -24,12 +27,17 @@ batch of the round on a captured graph) or off (``--eager``: ``--disable-cuda-gr
 piecewise CUDA graphs are off in every arm (prefill is triton's, not what is compared).
 
 CPUs: each server runs on a CPU set of its own (by its place in the start order), this process on
-the rest (``cpu_sets``). Besides the round times, each server's own decode figures are kept
-(``decode_tokens_per_s``: its log's tokens/s at the full batch, intervals inside one round).
+the rest (``cpu_sets``); ``--spare-cpu0`` keeps CPU 0 (and its interrupts) out of every server's set
+and gives it to this process. Besides the round times, each server's own decode figures are kept
+(``decode_tokens_per_s``: its log's tokens/s at the full batch, intervals that hold decode steps
+only), and compared per pair of arms (``decode_summary``: medians and a bootstrap 95% interval of
+their difference).
 
 Memory: each server is capped at 65,536 KV tokens (``--max-total-tokens``: a pool of 8 GB) with
 ``--mem-fraction-static 0.5``; launched together, each sees the same free memory, so the cap is
-what leaves the others room.
+what leaves the others room. Three servers of 16 GB of weights do not fit an 80 GB H100 so:
+``--max-total-tokens 49152 --mem-fraction-static 0.9`` there (a round needs 64 x 640 = 40,960
+tokens; each server's log line with ``max_total_num_tokens`` is kept in the JSON).
 
 For each start order given, the servers are launched together (an order names which CPU set each
 arm gets), take one untimed round each, then cycles: one round per arm, the six orders of the three
@@ -60,7 +68,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from test_server_e2e import BASE_FLAGS, base_env, free_port, launch, launch_server, stop, wait_until_healthy  # noqa: E402
 
-ARMS = ("release", "hotfix", "anchor")
+ARMS = ("release", "hotfix", "anchor", "disabled")
 BACKEND_FILE = "sglang/srt/layers/attention/trtllm_mha_backend.py"
 BATCH, PROMPT, NEW = 64, 512, 128
 LLAMA_3_8B = {
@@ -98,6 +106,10 @@ FLAGS = [
     # Prefill runs on triton in every arm, outside what is compared; its piecewise CUDA-graph
     # capture took 82 s of each server's start (about 150 s) and left the arms a few cycles.
     "--disable-piecewise-cuda-graph",
+    # A decode line every 10 steps (SGLang's default is 40): about 11 intervals of decode alone per
+    # round for ``decode_tokens_per_s`` instead of about 2 (issue 47's run).
+    "--decode-log-interval",
+    "10",
 ] + BASE_FLAGS
 
 
@@ -123,8 +135,14 @@ def prompts():
 
 
 def arm_environment(arm, site, plugin_target, anchor_copy):
-    paths = {"release": [site], "hotfix": [site, plugin_target], "anchor": [str(anchor_copy), site]}[arm]
-    return base_env(PYTHONPATH=os.pathsep.join(str(p) for p in paths))
+    paths = {
+        "release": [site],
+        "hotfix": [site, plugin_target],
+        "anchor": [str(anchor_copy), site],
+        "disabled": [site, plugin_target],
+    }[arm]
+    extra = {"SGLANG_HOTFIX_TRTLLM_DISABLE": "1"} if arm == "disabled" else {}
+    return base_env(PYTHONPATH=os.pathsep.join(str(p) for p in paths), **extra)
 
 
 def host_cpus():
@@ -136,27 +154,30 @@ def host_cpus():
         return None
 
 
-def cpu_plan(orders):
+def cpu_plan(orders, spare=()):
     """Each start order's CPU sets (``cpu_sets``), all cut before the first order narrows this
     process's own CPUs to its client set: read again later, the affinity would be that set."""
     cpus = host_cpus()
-    return {order: cpu_sets(order.split(","), cpus) for order in orders}
+    return {order: cpu_sets(order.split(","), cpus, spare) for order in orders}
 
 
-def cpu_sets(arms, cpus):
+def cpu_sets(arms, cpus, spare=()):
     """Disjoint CPU sets of ``cpus`` (``host_cpus``: every order's sets are cut from all of them,
     not from the client's set of the order before), one per arm in the order given (the servers'
     start order: each arm gets the first set in one order and another in the other, so a slower
     set, the one holding CPU 0 and its interrupts, is not one arm's), and one for this process (the
     load client): an idle SGLang scheduler polls on a core, and two servers left to the OS share
-    cores with each other's busy threads. None where this host cannot tell."""
+    cores with each other's busy threads. CPUs in ``spare`` (CPU 0 with ``--spare-cpu0``) go to no
+    server: the servers' sets are cut, of the same size, from the others, and the client gets the
+    rest. None where this host cannot tell."""
     if not cpus:
         return None
     share = len(cpus) // (len(arms) + 1)
     if share < 2:
         return None
-    sets = {arm: set(cpus[i * share : (i + 1) * share]) for i, arm in enumerate(arms)}
-    sets[None] = set(cpus[len(arms) * share :])
+    servers = [cpu for cpu in cpus if cpu not in set(spare)]
+    sets = {arm: set(servers[i * share : (i + 1) * share]) for i, arm in enumerate(arms)}
+    sets[None] = set(cpus) - set().union(*sets.values())
     return sets
 
 
@@ -209,19 +230,71 @@ def load_round(port, batch, pool):
 
 
 DECODE_LINE = re.compile(r"Decode batch, #running-req: (\d+), #token: (\d+),.*gen throughput \(token/s\): ([0-9.]+)")
+BATCH_LINE = re.compile(r"(Prefill|Decode) batch[,.]")
 
 
 def decode_throughputs(text):
-    """The server's own decode figures (a line every 40 decode steps): tokens/s of the intervals
-    at the full batch that lie inside one round (the cache's token count grew since the line
-    before: the first line of a round also holds the idle time since the round before)."""
-    values, previous_tokens = [], None
-    for match in DECODE_LINE.finditer(text):
-        running, tokens, throughput = int(match.group(1)), int(match.group(2)), float(match.group(3))
-        if running == BATCH and previous_tokens is not None and tokens > previous_tokens:
-            values.append(throughput)
-        previous_tokens = tokens if running == BATCH else None
+    """The server's own decode figures (a line every 10 decode steps, ``--decode-log-interval``):
+    tokens/s of the intervals at the full batch that hold decode steps only. A line's interval runs
+    from the decode line before it, so a line counts when the batch line (prefill or decode) right
+    before it is a decode line at the full batch: the first decode line after a round's prefill
+    holds that prefill and the idle time since the round before. (Until issue 47's run, the test
+    was "the cache's ``#token`` grew since the line before": SGLang rounds ``#token`` to coarse
+    steps, so that test let some first lines of a round in, with their prefill, and left out some
+    intervals inside a round.)"""
+    values, previous_full = [], False
+    for line in text.splitlines():
+        if not BATCH_LINE.search(line):
+            continue
+        match = DECODE_LINE.search(line)
+        full = bool(match) and int(match.group(1)) == BATCH
+        if full and previous_full:
+            values.append(float(match.group(3)))
+        previous_full = full
     return values
+
+
+def median_difference(a, b, resamples=2000, seed=0):
+    """Percent difference of the medians of ``a`` and ``b`` (a against b), with a bootstrap 95%
+    interval (each list resampled on its own)."""
+    if not a or not b:
+        return None
+    generator = random.Random(seed)
+    point = 100.0 * (statistics.median(a) - statistics.median(b)) / statistics.median(b)
+    draws = sorted(
+        100.0
+        * (
+            statistics.median(generator.choices(a, k=len(a)))
+            - (mb := statistics.median(generator.choices(b, k=len(b))))
+        )
+        / mb
+        for _ in range(resamples)
+    )
+    return {
+        "median_percent": round(point, 2),
+        "percent_95ci": [round(draws[int(0.025 * resamples)], 2), round(draws[int(0.975 * resamples) - 1], 2)],
+        "n": [len(a), len(b)],
+    }
+
+
+def decode_summary(orders):
+    """Per start order and pooled: each arm's median decode tokens/s, and each pair's difference."""
+    per_order, pooled = {}, {}
+    for order, facts in orders.items():
+        lists = facts.get("decode_tokens_per_s") or {}
+        for arm, values in lists.items():
+            pooled.setdefault(arm, []).extend(values)
+        per_order[order] = _decode_pairs(lists)
+    return {"per_order": per_order, "pooled": _decode_pairs(pooled)}
+
+
+def _decode_pairs(lists):
+    present = {arm for arm, values in lists.items() if values}
+    out = {"median": {arm: round(statistics.median(lists[arm]), 2) for arm in sorted(present)}}
+    for pair in PAIRS:
+        if set(pair) <= present:
+            out["%s_vs_%s" % pair] = median_difference(lists[pair[0]], lists[pair[1]])
+    return out
 
 
 def compared(cycles, a, b):
@@ -239,10 +312,20 @@ def compared(cycles, a, b):
     }
 
 
+PAIRS = (
+    ("hotfix", "release"),
+    ("hotfix", "anchor"),
+    ("anchor", "release"),
+    ("hotfix", "disabled"),
+    ("disabled", "anchor"),
+    ("disabled", "release"),
+)
+
+
 def summary(by_order):
     every = [cycle for cycles in by_order.values() for cycle in cycles]
     present = set(every[0]) if every else set()
-    pairs = [p for p in (("hotfix", "release"), ("hotfix", "anchor"), ("anchor", "release")) if set(p) <= present]
+    pairs = [p for p in PAIRS if set(p) <= present]
     out = {"%s_vs_%s" % pair: compared(every, *pair) for pair in pairs}
     out["round_median_s"] = {arm: round(statistics.median(c[arm] for c in every), 3) for arm in sorted(present)}
     out["per_order"] = {
@@ -268,7 +351,12 @@ def main():
     parser.add_argument("--arms", default=",".join(ARMS), help="the arms to run, comma-separated (their start order)")
     parser.add_argument("--budget-s", type=float, default=520.0)
     parser.add_argument("--workdir", default="/tmp/server-ab")
+    parser.add_argument("--max-total-tokens", type=int, default=65536, help="each server's KV cap")
+    parser.add_argument("--mem-fraction-static", default="0.5")
+    parser.add_argument("--spare-cpu0", action="store_true", help="keep CPU 0 out of every server's CPU set")
     options = parser.parse_args()
+    FLAGS[FLAGS.index("--max-total-tokens") + 1] = str(options.max_total_tokens)
+    FLAGS[FLAGS.index("--mem-fraction-static") + 1] = str(options.mem_fraction_static)
     began = time.time()
     out = pathlib.Path(os.environ.get("OUT", options.workdir))
     mode = "eager" if options.eager else "graphs"
@@ -282,7 +370,7 @@ def main():
     arms = tuple(options.arms.split(","))
     orders = [order for order in options.orders if set(order.split(",")) == set(arms)] or [options.arms]
     permutations = list(itertools.permutations(arms))
-    plan = cpu_plan(orders)
+    plan = cpu_plan(orders, spare=(0,) if options.spare_cpu0 else ())
     with concurrent.futures.ThreadPoolExecutor(BATCH) as pool:
         for index, order_text in enumerate(orders):
             order = order_text.split(",")
@@ -329,11 +417,16 @@ def main():
                         line for line in text.splitlines() if "sglang-hotfix-trtllm" in line
                     ][:20]
                     facts.setdefault("decode_graph_lines", {})[arm] = text.count("cuda graph: True")
+                    facts.setdefault("kv_lines", {})[arm] = [
+                        line[-200:] for line in text.splitlines() if "max_total_num_tokens" in line
+                    ][:4]
                     facts.setdefault("decode_tokens_per_s", {})[arm] = decode_throughputs(text)
                     (out / (server["log"].name)).write_text(text[-60000:])
             result["summary"] = summary(by_order)
+            result["decode_summary"] = decode_summary(result["orders"])
             (out / ("server_ab_%s.json" % mode)).write_text(json.dumps(result, indent=2))
     print(json.dumps(result["summary"], indent=2))
+    print(json.dumps(result["decode_summary"], indent=2))
     print(json.dumps(result["orders"], indent=2)[:6000])
 
 

@@ -287,8 +287,11 @@ def serve(name, tmp_path, models, installs, disable, flags, probe_mode, workload
 
 
 def gauge_records(facts):
+    """The records of this test (``RECORDS``) with an applied sample on /metrics: the release has other
+    records' bugs too (encoder_only_mask, pr28144, pr31667 apply to 0.5.12), which this test leaves on."""
     samples = facts.get("gauge", [])
-    return sorted(re.search(r'record="([^"]*)"', g["labels"]).group(1) for g in samples if g["value"] == 1)
+    names = (re.search(r'record="([^"]*)"', g["labels"]).group(1) for g in samples if g["value"] == 1)
+    return sorted(name for name in names if name in RECORDS)
 
 
 def check_served(facts):
