@@ -1,5 +1,5 @@
-"""What the hotfix adds to one ``forward_decode`` call against upstream's own fix, on this machine's
-CPU (issues 38 and 47): SGLang 0.5.12's real method for three arms interleaved in one process,
+"""What the hotfix adds to one ``forward_decode`` (or ``forward_extend``) call against upstream's own
+fix, on this machine's CPU (issues 38 and 47): SGLang 0.5.12's real method for three arms interleaved in one process,
 ``release`` (SGLang as shipped), ``hotfix`` (``apply()``) and ``anchor`` (SGLang's file with
 upstream's changes inserted: ``tools/anchor_source.py``'s output, as the H200 worker loads it),
 FlashInfer's kernel a stand-in returning a preallocated tensor (so the figure is Python's).
@@ -8,8 +8,10 @@ FlashInfer's kernel a stand-in returning a preallocated tensor (so the figure is
 
 Cases (``tests/gpu/decode_step_ab_worker.build_case`` at batch 2): a BF16 cache with a packed query
 (nothing to repair), with a strided ``qkv.split`` query (pr31667's statement packs it) and an FP8
-cache with K/V scales 0.5 and 4, strided (pr28144's and pr31667's statements). Since 0.14.0 the
-hotfix arm runs upstream's code compiled into SGLang's own ``forward_decode``.
+cache with K/V scales 0.5 and 4, strided (pr28144's and pr31667's statements); and
+``forward_extend`` of an ``ENCODER_ONLY`` layer, one query token a request (encoder_only_mask's
+keyword, with pr28144's statements). Since 0.14.0 the hotfix arm runs upstream's code compiled into
+SGLang's own methods.
 
 To compare two versions of the plugin, run each in its own process with its code first on the
 path and the environment's ``.pth`` files skipped (``-S``: the installed plugin's start-up hook
@@ -21,11 +23,13 @@ would import the installed copy):
 """
 
 import argparse
+import copy
 import gc
 import pathlib
 import statistics
 import sys
 import time
+import types
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "gpu"))
@@ -36,6 +40,9 @@ CASES = {
     "bf16, packed query (nothing to repair)": ("bf16_no_scales", "packed"),
     "bf16, strided query (pr31667)": ("bf16_no_scales", "strided"),
     "fp8 with K/V scales, strided (pr28144 and pr31667)": ("fp8_scaled", "strided"),
+    # forward_extend of an ENCODER_ONLY layer, one token a request: encoder_only_mask's keyword on
+    # the context kernel (the anchor needs tools/anchor_source.py's encoder_only_mask change)
+    "bf16, encoder-only extend (encoder_only_mask)": ("bf16_no_scales", "extend"),
 }
 
 
@@ -66,12 +73,26 @@ def _case(backend_module, ForwardMode, anchor, base, layout):
             torch.Generator().manual_seed(5),
         ),
         anchor,
-        layout,
+        "strided" if layout == "extend" else layout,
     )
-    stand_in = returning(torch.zeros(2, 32, 128, dtype=torch.bfloat16))
+    out = torch.zeros(2, 32, 128, dtype=torch.bfloat16)
+    stand_in = returning(out)
+    stand_in.prefill = types.SimpleNamespace(trtllm_batch_context_with_kv_cache=lambda **kwargs: out)
     backend_module.flashinfer = anchor.flashinfer = stand_in
     layer = case.layers[0]
     q, k, v = case.inputs[0]
+    if layout == "extend":
+        from sglang.srt.layers.radix_attention import AttentionType
+
+        layer.attn_type = AttentionType.ENCODER_ONLY
+        # the decode metadata holds what forward_extend reads (one query token a request)
+        forward_batch = copy.copy(case.forward_batch)
+        forward_batch.forward_mode = ForwardMode.EXTEND
+
+        def run(backend):
+            return backend.forward_extend(q, k, v, layer, forward_batch, save_kv_cache=False)
+
+        return case, run, stand_in
 
     def run(backend):
         return backend.forward_decode(q, k, v, layer, case.forward_batch, save_kv_cache=False)

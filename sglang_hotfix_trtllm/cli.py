@@ -59,8 +59,11 @@ recorded nothing and nothing seen says why. A process that started SGLang proces
 VERIFY_HELP = (
     """exit status:
   0  for every record, the patched method equals upstream's fix, or there is nothing to verify
-     (fixed, not-applicable)
-  1  it does not, or a switch turns a record off (SGLANG_HOTFIX_TRTLLM_DISABLE, SGLANG_PLUGINS)
+     (fixed, not-applicable), or a bug the record recognises but does not repair is accepted by name
+     (SGLANG_HOTFIX_TRTLLM_ACCEPT)
+  1  it does not, a switch turns a record off (SGLANG_HOTFIX_TRTLLM_DISABLE, SGLANG_PLUGINS), or a
+     bug the record recognises but does not repair (FlashInfer's own kernel bugs included) is not
+     accepted
   2  torch or SGLang cannot be imported (or this Python has no SGLang), the code is unknown, or the
      probe failed
   3  a record has a bug here that no CPU probe can show repaired (a repair only a GPU kernel receives):
@@ -186,7 +189,7 @@ def status(arguments):
             return _status_of_source(arguments, state)
     # `python -m sglang_hotfix_trtllm` puts the current folder first on sys.path: an SGLang there would
     # be judged as the installed one. It is judged as what it is, below (``current_folder_sglang``).
-    own_folder = sys.path[:1] if sys.path and sys.path[0] in ("", os.getcwd()) else []
+    own_folder = sys.path[:1] if sys.path and sys.path[0] in ("", state.current_folder()) else []
     del sys.path[: len(own_folder)]
     try:
         reports, texts, worst = _judged(arguments, state, detect, source)
@@ -269,9 +272,12 @@ def _current_folder(found, headline, code, state, source):
         "PROTECTED" if "PROTECTED" in (headline.split(":")[0], here_line.split(":")[0]) else "NOTHING TO DO"
     )
     opening = "processes started in %s import %s before the installed SGLang" % (
-        "this folder (%s)" % _shown(started_in) if started_in == os.getcwd() else _shown(started_in),
+        "this folder (%s)" % _shown(started_in) if started_in == state.current_folder() else _shown(started_in),
         _shown(package),
     )
+    if word != "NOTHING TO DO":  # "it can be removed" is true only where both answers say it
+        removal = "; it can be removed (%s)" % state.engine.UNINSTALL_HINT
+        here_line, headline = here_line.replace(removal, ""), headline.replace(removal, "")
     first = "%s: %s; there: %s; the installed SGLang: %s" % (word, opening, here_line, headline)
     document = {
         "location": package,

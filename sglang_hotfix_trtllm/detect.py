@@ -521,25 +521,32 @@ def in_this_environment(hotfix, assessment):
 def beside_its_flashinfer(hotfix, assessment):
     """``assessment`` of a file judged on its own (``status --source``): a record of FlashInfer's own
     kernel bug whose code reaches the kernel path gets the verdict of the FlashInfer installed in the
-    folder that holds the file's ``sglang`` package (an image's site-packages), or not-applicable
-    where that folder holds none (no FlashInfer kernel runs beside it), as for an installed SGLang.
-    Every other assessment is returned as it is."""
+    folder that holds the file's ``sglang`` package (an image's site-packages). Where none is there
+    (a file copied out of an image, an SGLang installed away from its site-packages) it cannot be
+    told which FlashInfer runs with the code: the bug stays reported, and the reason says so, never
+    "all is well". Every other assessment is returned as it is."""
     if hotfix.flashinfer_fix is None or assessment.verdict is not Verdict.UNREPAIRABLE:
         return assessment
     from .flashinfer_install import beside
 
-    judged = _with_flashinfer(hotfix, assessment, lambda: beside(assessment.source_path, hotfix.module))
-    if judged.verdict is not Verdict.NOT_APPLICABLE:
-        return judged
+    try:
+        found = beside(assessment.source_path, hotfix.module)
+    except Exception as error:  # a bug here must not take the command down; the bug stays reported
+        found, why = None, "%s: %s" % (type(error).__name__, error)
+    else:
+        why = None
+    if found is not None and found.present:
+        return _with_flashinfer(hotfix, assessment, lambda: found)
     return Assessment(
-        judged.hotfix_name,
-        judged.target,
-        judged.verdict,
-        "no FlashInfer is installed beside this code: no FlashInfer kernel runs with it",
-        judged.fingerprint,
-        judged.source_path,
-        judged.known_releases,
-        judged.method_first_line,
+        assessment.hotfix_name,
+        assessment.target,
+        assessment.verdict,
+        "cannot tell which FlashInfer runs with this code (%s): %s"
+        % (why or "none is installed in the folder that holds its sglang package", assessment.reason),
+        assessment.fingerprint,
+        assessment.source_path,
+        assessment.known_releases,
+        assessment.method_first_line,
     )
 
 

@@ -145,6 +145,16 @@ def decide(hotfix, assessment, current, search_first=None):
     if assessment.verdict is Verdict.UNREPAIRABLE:
         # Not a refusal: the code is recognised, so strict mode (for code the hotfix does not
         # recognise) does not stop the import; status says NOT PROTECTED and exits 1.
+        if hotfix.flashinfer_fix is not None:  # FlashInfer's own kernel: no SGLang code is the repair
+            return Decision(
+                Action.UNREPAIRABLE,
+                "a bug of FlashInfer's kernel that SGLang's code reaches, never repaired by this hotfix: %s"
+                % assessment.reason,
+                "not patching %s: %s reaches the FlashInfer kernel bug of record %s (%s), which this hotfix never "
+                "repairs: %s"
+                % (hotfix.target, _version_text(hotfix, path), hotfix.name, hotfix.upstream, assessment.reason),
+                logging.WARNING,
+            )
         return Decision(
             Action.UNREPAIRABLE,
             "the bug is recognised but cannot be repaired exactly here: %s" % assessment.reason,

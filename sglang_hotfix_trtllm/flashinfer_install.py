@@ -39,6 +39,10 @@ class Installed:
 def installed():
     located = source.locate(PACKAGE)
     if located.path is None:
+        if located.package_found or source.distribution(DISTRIBUTION).version:
+            # there, but its __init__.py cannot be read (sourceless, a namespace package): present,
+            # with the metadata's version if any (none: its verdicts cannot tell, never "not installed")
+            return Installed(source.distribution(DISTRIBUTION).version, located.reason or "(its folder cannot be read)")
         return Installed(None, None)
     folder = os.path.dirname(located.path)
     # the package's file is its __init__.py: named as a module one level down, so that the folder

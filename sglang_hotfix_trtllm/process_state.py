@@ -116,6 +116,7 @@ def publish():
             "written": time.time(),
             "records": _records,
             "flashinfer": imported_flashinfer(),
+            "pid_namespace": pid_namespace(),
         }
         target = os.path.join(folder, file_name(pid, ticks))
         partial = "%s.%d.partial" % (target, pid)
@@ -333,6 +334,32 @@ def _state_file_of(name):
     return pid, alive(pid) and file_name(pid, start_ticks(pid)) == name
 
 
+def pid_namespace():
+    """The inode of this process's pid namespace (``/proc/self/ns/pid``), or None where it cannot
+    be read. Containers that share a state folder (``-v /tmp:/tmp``) each number processes their own
+    way: a pid gone here may be a live server there."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def _gone_here(folder, name):
+    """Whether the state file ``name`` of a process that is not running here may be deleted: written
+    in this pid namespace (its document says so). A file of another namespace, of an older format
+    without the field, or unreadable is left alone; a partial write only when an hour old."""
+    path = os.path.join(folder, name)
+    try:
+        if name.endswith(".partial"):
+            return time.time() - os.stat(path).st_mtime > 3600
+        with open(path, encoding="utf-8") as handle:
+            document = json.load(handle)
+    except (OSError, ValueError):
+        return False
+    ours = pid_namespace()
+    return isinstance(document, dict) and ours is not None and document.get("pid_namespace") == ours
+
+
 def _remove(folder, name):
     try:
         os.remove(os.path.join(folder, name))
@@ -352,7 +379,7 @@ def prune(folder, at_most=PRUNE_AT_MOST):
                 if removed >= at_most or examined >= EXAMINE_AT_MOST:
                     break
                 pid, current = _state_file_of(entry.name)
-                if pid is not None and not current:
+                if pid is not None and not current and _gone_here(folder, entry.name):
                     removed += _remove(folder, entry.name)
     except Exception:
         pass
@@ -376,7 +403,7 @@ def recorded_pids(folder=None):
             continue
         if current:
             pids.append(pid)
-        else:
+        elif _gone_here(folder, name):
             _remove(folder, name)
     return sorted(pids)
 

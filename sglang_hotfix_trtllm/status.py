@@ -257,7 +257,7 @@ def of_environment(hotfix, path=None):
         assessment = detect.in_this_environment(hotfix, detect.assess_source(hotfix, path))
     dist = source.distribution(hotfix.distribution, assessment.source_path, hotfix.module)
     current = switches.read()
-    decision = engine.decide(hotfix, assessment, current, search_first=os.getcwd())
+    decision = engine.decide(hotfix, assessment, current, search_first=current_folder())
     startup, active = startup_file()
     under_launcher = launcher_active()
     entry_point = entry_point_installed()
@@ -331,7 +331,9 @@ def current_folder_sglang(installed_path, folder=None):
     package under the current folder that is not the installed one judged (``installed_path``), or
     None. Only a regular package (with ``__init__.py``) counts: a namespace portion loses to the
     installed package."""
-    folder = folder or os.getcwd()
+    folder = folder or current_folder()
+    if folder is None:
+        return None  # run from a folder that is gone: no SGLang there to judge
     module = catalog.HOTFIXES[0].module
     for parts, started_in in CURRENT_FOLDER_PACKAGES:
         package = os.path.join(folder, *parts)
@@ -342,6 +344,15 @@ def current_folder_sglang(installed_path, folder=None):
             continue  # it is what was judged (an editable install of this checkout)
         return backend, package, os.path.join(folder, *started_in)
     return None
+
+
+def current_folder():
+    """``os.getcwd()``, or None where the folder this command runs in is gone (removed after the shell
+    entered it): nothing there can be imported, and ``status`` must still answer."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return None
 
 
 def source_exit_status(verdict, accepted=False):
@@ -587,6 +598,12 @@ def headline(report):
         return "record %s: SGLang %s already has its fix" % (record, version)
     if verdict == "not-applicable":
         return "record %s: nothing to do: %s" % (record, report["reason"])
+    if verdict == "unrepairable" and _is_kernel_bug(record):
+        return "record %s: SGLang %s reaches this FlashInfer kernel bug, which this hotfix never repairs: %s" % (
+            record,
+            version,
+            report["reason"],
+        )
     if verdict == "unrepairable":
         return "record %s: SGLang %s has its bug, which this hotfix recognises but cannot repair exactly here: %s" % (
             record,
@@ -600,6 +617,11 @@ def _why_open(report):
     """Why a record's bug would run, for the first line. An unrepairable record's whole reason is
     its block's (who it concerns, why no wrapper repairs it): here only what fixes it."""
     if report["verdict"] == "unrepairable" and report["decision"] == engine.Action.UNREPAIRABLE.value:
+        if _is_kernel_bug(report["hotfix"]):
+            return (
+                "a FlashInfer kernel bug this hotfix never repairs; %s fixes it (`status --verbose`: who it concerns)"
+                % (report.get("upstream") or "FlashInfer")
+            )
         return (
             "a bug this hotfix recognises but cannot repair here; %s fixes it (`status --verbose`: who it concerns)"
             % (report.get("upstream") or "upstream")
@@ -607,11 +629,16 @@ def _why_open(report):
     return report["would_patch_reason"]
 
 
+def _is_kernel_bug(name):
+    """Whether record ``name`` is one of FlashInfer's own kernel bugs (``Hotfix.flashinfer_fix``)."""
+    hotfix = next((h for h in catalog.HOTFIXES if h.name == name), None)
+    return hotfix is not None and hotfix.flashinfer_fix is not None
+
+
 def _kernel_bug_absent(report):
     """A record of FlashInfer's own kernel bug (``Hotfix.flashinfer_fix``) that is not reported here:
     the package carries no fix for it, so it does not keep the package needed."""
-    hotfix = next((h for h in catalog.HOTFIXES if h.name == report["hotfix"]), None)
-    return hotfix is not None and hotfix.flashinfer_fix is not None and report["verdict"] == "not-applicable"
+    return _is_kernel_bug(report["hotfix"]) and report["verdict"] == "not-applicable"
 
 
 def _by_reason(reports, why):
@@ -755,7 +782,13 @@ def headline_of_verdicts(subject, verdicts, upstreams, accepted=frozenset(), rea
                 else engine.Action.UNKNOWN_CODE.value
                 if verdict == "unknown"
                 else verdict,
-                "would_patch_reason": INSTALLED_BY_PIP if affected else "the code is not recognised",
+                "would_patch_reason": INSTALLED_BY_PIP
+                if affected
+                else "the code is not recognised"
+                if verdict == "unknown"
+                else "a bug this hotfix recognises but does not repair"
+                if verdict == "unrepairable"
+                else verdict,
                 "covered_processes": IF_INSTALLED_BY_PIP if affected else NONE,
                 "accepted": name in accepted,
             }

@@ -217,27 +217,30 @@ def test_status_on_0_5_12_judges_the_installed_flashinfer(tmp_path, flashinfer, 
     [
         ("0.6.16", {"flashinfer4161": "unrepairable", "flashinfer4382": "unrepairable"}),
         ("0.6.18", {"flashinfer4161": "fixed", "flashinfer4382": "fixed"}),
-        (None, {"flashinfer4161": "not-applicable", "flashinfer4382": "not-applicable"}),
+        # none beside the code: which FlashInfer runs with it cannot be told, the bugs stay reported
+        (None, {"flashinfer4161": "unrepairable", "flashinfer4382": "unrepairable"}),
     ],
 )
 def test_status_source_judges_the_flashinfer_beside_the_code(tmp_path, flashinfer, verdicts):
     """``status --source`` on an image's site-packages judges the kernel bugs with the FlashInfer
-    installed there (not this Python's), as ``status`` does an installed SGLang; a backend file
-    alone, with no FlashInfer beside it, runs no FlashInfer kernel."""
+    installed there (not this Python's), as ``status`` does an installed SGLang. Where none is beside
+    the code (a backend file alone, an SGLang installed away from FlashInfer) it cannot tell which
+    runs with it: reported, never "all is well"."""
     environment = _environment(tmp_path, "0.5.12", flashinfer)
-    for target in (environment, environment / BACKEND):
-        report = status_json("--source", str(target)).report
-        got = {r["hotfix"]: _one_source(r)["verdict"] for r in report["hotfixes"] if r["hotfix"] in verdicts}
-        assert got == verdicts, report
-        expected = 1 if "unrepairable" in verdicts.values() else 0
-        assert report["exit_status"] == expected, report["headline"]
     alone = tmp_path / "alone" / "trtllm_mha_backend.py"
     alone.parent.mkdir()
     shutil.copyfile(environment / BACKEND, alone)
-    rows = status_json("--source", str(alone)).report["hotfixes"]
-    assert {r["hotfix"]: _one_source(r)["verdict"] for r in rows if r["hotfix"] in verdicts} == dict.fromkeys(
-        verdicts, "not-applicable"
-    )
+    for target in (environment, environment / BACKEND, alone):
+        if target == alone:
+            verdicts = dict.fromkeys(verdicts, "unrepairable")
+        ran = status_json("--source", str(target))
+        rows = {r["hotfix"]: _one_source(r) for r in ran.report["hotfixes"] if r["hotfix"] in verdicts}
+        assert {name: row["verdict"] for name, row in rows.items()} == verdicts, ran.report
+        expected = 1 if "unrepairable" in verdicts.values() else 0
+        assert ran.returncode == ran.report["exit_status"] == expected, ran.report["headline"]
+        if flashinfer is None or target == alone:
+            for row in rows.values():
+                assert row["reason"].startswith("cannot tell which FlashInfer runs with this code ("), row
 
 
 def _one_source(row):

@@ -68,6 +68,8 @@ def test_the_catalog_holds_every_record_on_one_watched_module():
         "xqa_workspace",
         "encoder_only_mask",
         "xqa_draft_extend",
+        "flashinfer4161",
+        "flashinfer4382",
     ]
     assert autoload.WATCHED_MODULES == {h.module for h in catalog.HOTFIXES} == {HOTFIX.module}
 

@@ -79,6 +79,11 @@ def child(tmp_path):
         one.close()
 
 
+# Pids no process can have here: above the kernel's pid_max (999999 can be a live process's).
+with open("/proc/sys/kernel/pid_max") as _handle:
+    NO_PID = int(_handle.read()) + 1000
+
+
 def _records(report):
     return {r["hotfix"]: r for r in report["hotfixes"]}
 
@@ -142,14 +147,16 @@ def test_a_process_started_before_the_install_runs_without_it(child, monkeypatch
 
 def test_processes_lists_each_sglang_process_with_its_answer_and_prunes_the_gone(child, tmp_path):
     protected, unprotected = child(), child(SGLANG_HOTFIX_TRTLLM_DISABLE="pr28144")
-    stale = protected.state / "999999-1.json"
-    stale.write_text(json.dumps({"pid": 999999}))
+    stale = protected.state / ("%d-1.json" % NO_PID)
+    stale.write_text(json.dumps({"pid": NO_PID, "pid_namespace": process_state.pid_namespace()}))
+    elsewhere = protected.state / ("%d-1.json" % (NO_PID + 1))  # another container's process: kept
+    elsewhere.write_text(json.dumps({"pid": NO_PID + 1, "pid_namespace": -1}))
     env = clean_env(SGLANG_HOTFIX_TRTLLM_STATE_DIR=str(protected.state))
     shown = status_json("--processes", env=env)
     answers = {p["pid"]: p for p in shown.report["processes"]}
     assert answers[protected.pid]["exit_status"] == 0 and answers[unprotected.pid]["exit_status"] == 1
     assert shown.returncode == 1 and shown.report["headline"].startswith("NOT PROTECTED: process %d" % unprotected.pid)
-    assert not stale.exists()
+    assert not stale.exists() and elsewhere.exists()
     text = run_cli("status", "--processes", env=env)
     assert text.stdout.splitlines()[0] == shown.report["headline"]
 
@@ -329,21 +336,31 @@ def test_a_process_that_records_its_state_prunes_the_files_of_gone_processes(tmp
     them: 80 after an hour, 76 of processes that were gone."""
     folder = tmp_path / "state"
     folder.mkdir(mode=0o700)
-    gone = [folder / "999999-1.json", folder / ("%d-1.json" % os.getpid()), folder / "999998-2.json.999998.partial"]
+    here = json.dumps({"pid_namespace": process_state.pid_namespace()})
+    gone = [folder / ("%d-1.json" % NO_PID), folder / ("%d-1.json" % os.getpid())]
     for path in gone:
-        path.write_text("{}")
-    other = folder / "notes.txt"  # not a state file: left alone
-    other.write_text("x")
+        path.write_text(here)
+    partial = folder / ("%d-2.json.%d.partial" % (NO_PID, NO_PID))  # an unfinished write, an hour old
+    partial.write_text("{")
+    os.utime(partial, (time.time() - 7200, time.time() - 7200))
+    # kept: another pid namespace's (a container sharing the folder), an older format's, not a state file
+    kept = {"%d-1.json" % (NO_PID + 1): json.dumps({"pid_namespace": -1}), "%d-1.json" % (NO_PID + 2): "{}"}
+    for name, text in kept.items():
+        (folder / name).write_text(text)
+    (folder / "notes.txt").write_text("x")
     running = child()
     names = sorted(os.listdir(folder))
-    assert names == sorted([process_state.file_name(running.pid, process_state.start_ticks(running.pid)), "notes.txt"])
+    assert names == sorted(
+        [process_state.file_name(running.pid, process_state.start_ticks(running.pid)), "notes.txt"] + list(kept)
+    )
 
 
 def test_pruning_is_bounded_in_cost(tmp_path):
     folder = tmp_path / "state"
     folder.mkdir(mode=0o700)
-    for pid in range(999_000, 999_000 + 3 * process_state.PRUNE_AT_MOST):
-        (folder / ("%d-1.json" % pid)).write_text("{}")
+    here = json.dumps({"pid_namespace": process_state.pid_namespace()})
+    for pid in range(NO_PID, NO_PID + 3 * process_state.PRUNE_AT_MOST):
+        (folder / ("%d-1.json" % pid)).write_text(here)
     removed = process_state.prune(str(folder))
     assert removed == process_state.PRUNE_AT_MOST
     assert len(os.listdir(folder)) == 2 * process_state.PRUNE_AT_MOST
