@@ -67,10 +67,8 @@ def test_a_recognised_bug_the_record_cannot_repair_is_said_as_such_never_as_not_
     assert r["headline"].startswith("NOT PROTECTED:") and "toy1" in r["headline"]
     # The first line names the record and what fixes it; the whole reason is its block's.
     # one record open: the line names it, then its reason once (0.16.0: "record toy1 ...: toy1: ..." no more)
-    assert (
-        "record toy1 would run unpatched in a new process: a bug this hotfix recognises but cannot repair here; toy PR #1 fixes it"
-        in r["headline"]
-    )
+    opening = "record toy1 would run unpatched in a new process: "
+    assert opening + "a bug this hotfix recognises but cannot repair here; toy PR #1 fixes it" in r["headline"]
     assert toy_record.UNREPAIRABLE_REASON in r["reason"] and "not recognised" not in r["headline"]
     (line,) = [line for line in ran.hotfix_lines("toy1") if "toy_pkg" in line]
     assert "WARNING" in line and "recognises but cannot repair exactly here" in line and "toy 2.0" in line
