@@ -89,7 +89,8 @@ def test_broken_engine_in_strict_mode_stops_the_import(tmp_path, scenario):
     assert "sglang-hotfix-trtllm (strict mode)" in ran.stderr
 
 
-@pytest.mark.parametrize("variant, trials", [("find_spec", 1000), ("reload", 300), ("finder", 300)])
+# find_spec: 400 trials (0.14.0's line lost about 3 in 100: 12 expected, none seen by chance e^-12)
+@pytest.mark.parametrize("variant, trials", [("find_spec", 400), ("reload", 300), ("finder", 300)])
 def test_lookups_racing_the_import_never_leave_the_backend_unpatched(tmp_path, variant, trials):
     """Issue 49, item 1: the finder handed its spec back through one dictionary shared by every
     lookup (a lambda's default ``g={}``) and let importlib's global lock go meanwhile, so a lookup in

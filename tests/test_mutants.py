@@ -60,8 +60,8 @@ xqa_workspace (no fmha_v2 in 0.5.12) runs on 0.5.22: ``__init__`` and ``forward_
 methods its edits change, pinned (every mutant refused); the unmutated release repaired exactly
 (``workspace_cases``: SGLang's own ``__init__``, prefill and decode, with 0.5.23's change from its
 file as the oracle).
-encoder_only_mask runs on 0.5.12, 0.5.13, 0.5.14, 0.5.16, 0.5.17, 0.5.18, 0.5.19 and 0.5.21:
-``forward_extend``, the helpers it calls and ``_run_fixed_q_len_decode`` pinned, every mutant refused;
+encoder_only_mask runs on 0.5.12, 0.5.14, 0.5.16 and 0.5.19 (one release per shape of the method):
+``forward_extend`` pinned, every mutant refused;
 the unmutated release repaired exactly (``fp8_cases`` with 0.5.22's ``causal=`` and ``mask_mode=``
 keywords as the oracle; from 0.5.16 with and without context parallelism, the kernel called from the
 nested ``_trtllm_context_attn``; from 0.5.19 fmha_v2 on XQA).
@@ -208,9 +208,12 @@ RECORDS = {
             "causal_true": "causal = True",
             "decoder": "layer.attn_type = AttentionType.DECODER",
         },
-        # 0.5.16 to 0.5.18: the kernel called from the nested _trtllm_context_attn (twice under
-        # 0.5.16's context parallelism); 0.5.19 on also fmha_v2 (SM90/SM120) and a delegate
-        variants=("0.5.13", "0.5.14", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.21"),
+        # One release per shape of forward_extend (every mutant of the pinned method is refused by
+        # its fingerprint, so more releases of one shape add time, not proof): 0.5.14 quantizes the
+        # query (_maybe_quantize_q); 0.5.16 to 0.5.18 call the kernel from the nested
+        # _trtllm_context_attn (twice under 0.5.16's context parallelism); 0.5.19 on also fmha_v2
+        # (SM90/SM120). Until 0.16.0 also 0.5.13, 0.5.17, 0.5.18 and 0.5.21 (48 s of CI).
+        variants=("0.5.14", "0.5.16", "0.5.19"),
     ),
 }
 # Mutants the generator makes, measured (pr26521: 363 on 0.5.12, 310 on 0.5.1 and
@@ -235,13 +238,9 @@ FLOORS = {
     ("pr19107", "0.5.9"): 22,
     ("xqa_workspace", "0.5.22"): 1350,
     ("encoder_only_mask", INSTALLED): 250,
-    ("encoder_only_mask", "0.5.13"): 270,
     ("encoder_only_mask", "0.5.14"): 225,
     ("encoder_only_mask", "0.5.16"): 370,
-    ("encoder_only_mask", "0.5.17"): 495,
-    ("encoder_only_mask", "0.5.18"): 495,
     ("encoder_only_mask", "0.5.19"): 530,
-    ("encoder_only_mask", "0.5.21"): 640,
 }
 
 
@@ -889,7 +888,8 @@ def test_every_mutant_is_refused_or_repaired_exactly(name, release, release_sour
     repaired = 0
     violations = []
     for index, mutant in enumerate(generated, 1):
-        classification = record.classify(mutant.tree())
+        # the record's classify as the import hook runs it (one walk of the tree for all its checks)
+        classification = record.HOTFIX.classify(mutant.tree())
         verdict = classification.verdict
         verdicts[verdict.value] += 1
         if verdict is Verdict.UNKNOWN:

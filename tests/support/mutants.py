@@ -250,8 +250,8 @@ def _method_text(function, indent):
 
 
 def _compiled(method_text, indent):
-    """The method's node parsed from ``method_text`` (its first line at line 1), or None when the
-    method does not compile."""
+    """The method's node parsed from ``method_text`` (below ``indent // 4`` placeholder class lines),
+    or None when the method does not compile."""
     placeholder = "".join("%sclass _:\n" % ("    " * depth) for depth in range(indent // 4))
     try:
         module = ast.parse(placeholder + method_text + "\n", "<mutant>")
@@ -261,8 +261,7 @@ def _compiled(method_text, indent):
     node = module.body[0]
     for _ in range(indent // 4):
         node = node.body[0]
-    ast.increment_lineno(node, -(indent // 4))
-    return node
+    return node  # its first line at line indent // 4 + 1 (below the placeholder classes)
 
 
 class _Splicer:
@@ -288,11 +287,11 @@ class _Splicer:
             self.around[delta] = moved
         return self.around[delta]
 
-    def maker(self, method_node, line_count):
-        """A function making the module with ``method_node`` (its first line at line 1, ``line_count``
-        lines long) in the method's place."""
+    def maker(self, method_node, line_count, placeholder_lines):
+        """A function making the module with ``method_node`` (its first line at line
+        ``placeholder_lines + 1``, ``line_count`` lines long) in the method's place."""
 
-        ast.increment_lineno(method_node, self.start - 1)
+        ast.increment_lineno(method_node, self.start - 1 - placeholder_lines)  # one walk of the method
         delta = line_count - (self.end - self.start + 1)
 
         def make():
@@ -346,5 +345,5 @@ def generate(text, class_name, method_names, writes):
                 n += 1
                 mutant_id = "%s#%d" % (base, n)
             ids.add(mutant_id)
-            tree_of = splicer.maker(node, method_text.count("\n") + 1)
+            tree_of = splicer.maker(node, method_text.count("\n") + 1, function.col_offset // 4)
             yield Mutant(mutant_id, name, operator, line, before, after, mutant_text, tree_of)
