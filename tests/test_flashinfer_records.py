@@ -357,3 +357,11 @@ def test_status_pid_names_the_flashinfer_the_process_imported(tmp_path, imports)
     finally:
         process.stdin.close()
         process.wait(timeout=60)
+
+
+@pytest.mark.parametrize("name", sorted(RECORDS))
+def test_a_release_whose_pin_cannot_be_read_is_not_called_free_of_the_bug(name):
+    """The release tables judge a reached kernel bug with the release's pin: a pin that could not be
+    read (not `==`) is "cannot tell", still reported, never "FlashInfer is not installed"."""
+    verdict, reason = scan_releases.with_pin(RECORDS[name].HOTFIX, None)
+    assert verdict is Verdict.UNREPAIRABLE and reason.startswith("cannot tell"), reason

@@ -218,9 +218,12 @@ def classify(cache, release, hotfix):
 def with_pin(hotfix, pin):
     """(verdict, reason) of a reached FlashInfer kernel bug with the release's pinned FlashInfer."""
     from sglang_hotfix_trtllm.flashinfer_install import Installed, judge_kernel_fix
+    from sglang_hotfix_trtllm.record import Verdict
 
     fix = hotfix.flashinfer_fix
-    return judge_kernel_fix(fix.first, fix.reference, Installed(pin, None, pinned=pin is not None))
+    if not pin:  # no `flashinfer_python==X` read from the release's metadata: cannot tell, still reported
+        return Verdict.UNREPAIRABLE, "cannot tell which FlashInfer the release pins (none read from its metadata)"
+    return judge_kernel_fix(fix.first, fix.reference, Installed(pin, None, pinned=True))
 
 
 def scan(cache, releases, dates, hotfix):
