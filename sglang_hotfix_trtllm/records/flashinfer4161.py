@@ -36,12 +36,13 @@ REFERENCE = "FlashInfer PR #4161"
 FLASHINFER = "is a bug of FlashInfer before %s" % FIRST_FIXED
 XQA_CHOICE = "is_xqa_impl"
 
-REASON = (
+REASON = bugs.reason(
     "trtllm_mha decode on Hopper (BF16/FP16 KV cache) or SM120 runs FlashInfer's XQA kernel, whose multi-block "
     "mode lets every CTA of a split sequence write the output, racing the merged write (zeros under a sliding "
-    "window): at small batch, any model. Not repaired: the bug is FlashInfer's kernel code (%s, first in FlashInfer "
-    "%s), which no change of SGLang's code repairs; upgrade FlashInfer to %s or later where you decode on "
-    "trtllm_mha on Hopper or SM120" % (REFERENCE, FIRST_FIXED, FIRST_FIXED)
+    "window): at small batch, any model",
+    REFERENCE,
+    FIRST_FIXED,
+    "where you decode on trtllm_mha on Hopper or SM120",
 )
 
 

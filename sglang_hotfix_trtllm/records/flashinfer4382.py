@@ -39,12 +39,13 @@ REFERENCE = "FlashInfer PR #4382"
 FLASHINFER = "is a bug of FlashInfer before %s" % FIRST_FIXED
 TARGET_VERIFY = "forward_batch.forward_mode.is_target_verify"
 
-REASON = (
+REASON = bugs.reason(
     "speculative decoding whose target runs on trtllm_mha on SM100 (B200/B300) with head_dim-512 layers (Gemma 4's "
     "global layers): target verify reaches TRT-LLM-GEN's separate reduction kernel, which reads the query rows and "
-    "the causal extent of the wrong token. Not repaired: the bug is FlashInfer's kernel code (%s, first in "
-    "FlashInfer %s), which no change of SGLang's code repairs; upgrade FlashInfer to %s or later if you serve such "
-    "a model with speculative decoding on SM100" % (REFERENCE, FIRST_FIXED, FIRST_FIXED)
+    "the causal extent of the wrong token",
+    REFERENCE,
+    FIRST_FIXED,
+    "if you serve such a model with speculative decoding on SM100",
 )
 
 

@@ -67,6 +67,15 @@ def live_class_and_method(tree, method):
     return refusal, cls, function, verdict
 
 
+def reason(who, reference, first, where):
+    """A kernel bug's reason: ``who`` it concerns, then why no repair is offered and what fixes it
+    (``where``: for whom the upgrade matters)."""
+    return (
+        "%s. Not repaired: the bug is FlashInfer's kernel code (%s, first in FlashInfer %s), which no change of "
+        "SGLang's code repairs; upgrade FlashInfer to %s or later %s" % (who, reference, first, first, where)
+    )
+
+
 def hotfix(name, summary, effect, method, classify, first, reference):
     """The record: reported only (it never says ``affected``, so nothing is wrapped), judged by the
     FlashInfer that runs (``first``: the first FlashInfer release with ``reference``'s fix)."""
