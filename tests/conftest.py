@@ -26,6 +26,8 @@ sys.path.insert(0, str(HERE.parent / "tools"))
 # must exercise the installed wheel, never the source tree beside them.
 sys.path[:] = [p for p in sys.path if pathlib.Path(p or os.getcwd()).resolve() != REPO]
 
+import fork_client  # noqa: E402 (support/, on the path above)
+
 # What a class attribute's type is called when the hotfix wrapped it, and when it did not.
 PATCHED, UNPATCHED = "HotfixWrapper", "function"
 OUR_VARIABLES = ("SGLANG_HOTFIX_TRTLLM_DISABLE", "SGLANG_HOTFIX_TRTLLM_STRICT", "SGLANG_PLUGINS")
@@ -72,8 +74,25 @@ def new_class_names(*records):
     return sorted({new.name for hotfix in chosen for new in hotfix.new_names if new.scope == "class"})
 
 
+# Variables that importing SGLang or using torch in a test process puts in its environment: a test
+# interpreter gets them only where the run started with them, so what it sees does not depend on which
+# test ran before it in the same worker (a fresh interpreter importing SGLang sets them itself).
+SET_BY_IMPORTS = (
+    "DG_JIT_CACHE_DIR",
+    "DG_JIT_USE_NVRTC",
+    "TLLM_LOG_LEVEL",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR",
+)
+AT_START = dict(os.environ)
+
+
 def clean_env(**overrides):
-    env = {k: v for k, v in os.environ.items() if k not in OUR_VARIABLES and k != "PYTHONPATH"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in OUR_VARIABLES and k != "PYTHONPATH" and (k not in SET_BY_IMPORTS or k in AT_START)
+    }
     env["PYTHONUNBUFFERED"] = "1"
     env.update(overrides)
     return env
@@ -118,15 +137,16 @@ class Ran:
 
 
 def run_python(args, cwd=None, env=None, timeout=600, python=None):
-    """``python ARGS`` (this interpreter unless another is named) in ``cwd``, with a clean environment by default."""
-    completed = subprocess.run(
-        [python or sys.executable] + list(args),
-        cwd=None if cwd is None else str(cwd),
-        env=env or clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """``python ARGS`` (this interpreter unless another is named) in ``cwd``, with a clean environment
+    by default: forked from this worker's fork server where that starts it as a fresh interpreter
+    would (``support/fork_client.py``), else started fresh."""
+    env = env or clean_env()
+    cwd = None if cwd is None else str(cwd)
+    completed = fork_client.SERVER_OF_THIS_PROCESS.run(list(args), cwd, env, timeout, python=python)
+    if completed is None:
+        completed = subprocess.run(
+            [python or sys.executable] + list(args), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+        )
     return Ran(completed)
 
 
