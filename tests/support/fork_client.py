@@ -1,7 +1,8 @@
 """The test process's side of ``fork_server.py``: which interpreters it may start, and starting them.
 
 A request goes to the fork server only where a child forked there starts as ``python ARGV`` would
-(``fork_server``'s docstring says what differs): this interpreter; a script or ``-c``, no flags;
+(``fork_server``'s docstring says what differs): this interpreter; a script (a console script of
+this interpreter too: the CLI) or ``-c``, no flags;
 an environment that differs from the server's only in ``MAY_DIFFER`` and SGLANG_ variables, none
 of them read by the server's libraries at import; no folder on the child's path that holds a module
 of a name the server imported (a shadowed ``torch``, a ``wrapt.py`` in the current folder: the
@@ -35,7 +36,8 @@ START_TIMEOUT = 300
 
 # Variables a request's environment may change (unless the server's libraries read them at import):
 # PYTEST_CURRENT_TEST names the test running (pytest sets it for each, clean_env copies it).
-MAY_DIFFER = ("PYTHONPATH", "PYTEST_CURRENT_TEST")
+# PROMETHEUS_MULTIPROC_DIR: the metrics tests set it; the server never imports prometheus_client.
+MAY_DIFFER = ("PYTHONPATH", "PYTEST_CURRENT_TEST", "PROMETHEUS_MULTIPROC_DIR")
 
 
 def _may_differ(key):
@@ -43,17 +45,28 @@ def _may_differ(key):
 
 
 def _module_names(folder):
-    """The top-level module names importable from ``folder`` (None: not a folder we can read)."""
+    """The top-level names importable from ``folder``: packages (any folder, a namespace package
+    too) and modules (None: not a folder that can be read, a zip among them)."""
     try:
-        entries = os.listdir(folder)
+        with os.scandir(folder) as entries:
+            return {
+                entry.name.split(".", 1)[0]
+                for entry in entries
+                if entry.is_dir() or entry.name.endswith((".py", ".pyc", ".so", ".pyd"))
+            }
     except OSError:
         return None if os.path.exists(folder) else set()
-    names = set()
-    for entry in entries:
-        stem = entry.split(".", 1)[0]
-        if "." not in entry or entry.endswith((".py", ".pyc", ".so", ".pyd")):
-            names.add(stem)
-    return names
+
+
+def _is_python_script(path):
+    """A ``.py`` file, or a console script this interpreter runs (its first line names it)."""
+    if path.endswith(".py"):
+        return True
+    try:
+        with open(path, "rb") as handle:
+            return handle.readline().rstrip() == b"#!" + os.fsencode(sys.executable)
+    except OSError:
+        return False
 
 
 class ForkServer:
@@ -108,7 +121,7 @@ class ForkServer:
             return "%s=1" % ALL_FRESH
         if python not in (None, sys.executable):
             return "another interpreter"
-        if not args or (args[0] != "-c" and (args[0].startswith("-") or not args[0].endswith(".py"))):
+        if not args or (args[0] != "-c" and (args[0].startswith("-") or not _is_python_script(args[0]))):
             return "interpreter flags or no script"
         fresh_only = MUST_START_FRESH.get((os.path.basename(args[0]), args[1] if len(args) > 1 else None))
         if fresh_only:
