@@ -7,27 +7,27 @@ collection order, the longest test (a minute and more) could start last on one w
 other had run dry: the run then waited on one core. Here the long tests open both halves, split so
 that each half holds about as many of their seconds (the largest first to the lighter half), and
 what is left to steal at the end is short. Only the order changes: every test still runs, once.
-The seconds are a 2-core run's ``--durations`` (2026-12-05, 0.16.0); a test missing here counts as short.
+The seconds are a 2-core run's ``--durations`` (2026-12-05, 0.16.0 with the fork server); a test
+missing here counts as short.
 """
 
 # (part of a test's node id, its seconds on this machine's 2 cores)
 LONG = (
-    ("test_faults.py::test_many_apply_remove_cycles_do_not_grow", 63),
-    ("test_mutants.py::test_every_mutant_is_refused_or_repaired_exactly[xqa_workspace-0.5.22]", 52),
-    ("test_mutants.py::test_every_mutant_is_refused_or_repaired_exactly[pr26521-installed]", 48),
-    ("test_mutants.py::test_every_mutant_is_refused_or_repaired_exactly[pr25103-installed]", 32),
-    ("test_mutants.py::test_every_mutant_is_refused_or_repaired_exactly[pr25103-0.5.9]", 31),
-    ("test_mutants.py::test_every_mutant_is_refused_or_repaired_exactly[pr26521-0.5.3]", 23),
-    ("test_mutants.py::test_every_mutant_is_refused_or_repaired_exactly[pr26521-0.5.1]", 22),
-    ("test_reported_records.py::test_a_mutant_that_breaks_one_of_the_fixs_statements_is_not_called_fixed", 19),
-    ("test_operators.py::test_run_never_shadows_the_images_wrapt", 17),
-    ("test_cli.py::test_the_exit_status_is_the_results_whatever_happens_to_stdout[verb2-", 17),
-    ("test_mutants.py::test_every_mutant_is_refused_or_repaired_exactly[encoder_only_mask-0.5.19]", 17),
-    ("test_pr25103.py::test_one_record_disabled_in_a_real_process_leaves_the_other_applied", 15),
-    ("test_reported_records.py::test_every_mutant_of_a_release_with_the_bug_is_refused[0.5.21-xqa_draft_extend]", 13),
+    ("test_faults.py::test_many_apply_remove_cycles_do_not_grow", 50),
+    ("test_mutants.py::test_every_mutant_is_refused_or_repaired_exactly[xqa_workspace-0.5.22]", 42),
+    ("test_mutants.py::test_every_mutant_is_refused_or_repaired_exactly[pr26521-installed]", 39),
+    ("test_mutants.py::test_every_mutant_is_refused_or_repaired_exactly[pr25103-installed]", 27),
+    ("test_mutants.py::test_every_mutant_is_refused_or_repaired_exactly[pr25103-0.5.9]", 25),
+    ("test_mutants.py::test_every_mutant_is_refused_or_repaired_exactly[pr26521-0.5.3]", 20),
+    ("test_mutants.py::test_every_mutant_is_refused_or_repaired_exactly[pr26521-0.5.1]", 19),
+    ("test_reported_records.py::test_a_mutant_that_breaks_one_of_the_fixs_statements_is_not_called_fixed", 17),
+    ("test_operators.py::test_run_never_shadows_the_images_wrapt", 16),
+    ("test_fork_server.py::test_a_forked_interpreter_starts_as_a_fresh_one[script]", 15),
+    ("test_cli.py::test_the_exit_status_is_the_results_whatever_happens_to_stdout[verb2->/dev/full-cannot", 14),
     ("test_process_state.py::test_processes_lists_each_sglang_process_with_its_answer_and_prunes_the_gone", 12),
-    ("test_patch.py::test_only_the_method_changes_and_remove_restores_it", 12),
-    ("test_faults_trust.py::test_apply_while_the_backend_is_still_executing_waits_for_its_import[pth_armed]", 10),
+    ("test_mutants.py::test_every_mutant_is_refused_or_repaired_exactly[encoder_only_mask-0.5.19]", 12),
+    ("test_reported_records.py::test_every_mutant_of_a_release_with_the_bug_is_refused[0.5.21-xqa_draft_ex", 12),
+    ("test_fork_server.py::test_a_forked_interpreter_starts_as_a_fresh_one[-c]", 10),
 )
 
 

@@ -137,8 +137,10 @@ class ForkServer:
         first = cwd if args[0] == "-c" else os.path.dirname(os.path.abspath(os.path.join(cwd, args[0])))
         for folder in [first] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]:
             names = _module_names(os.path.join(cwd, folder))
-            if names is None or names & self.preloaded:
-                return folder
+            if names is None:
+                return "%s is not a folder that can be listed" % folder
+            if names & self.preloaded:
+                return "%s holds a module the server imported" % folder
         return None
 
     def run(self, args, cwd, env, timeout, python=None):
@@ -153,7 +155,7 @@ class ForkServer:
             why = self.broken or self._why_not(args, env, python)
             shadowing = None if why else self._shadowed(args, env, cwd)
             if why or shadowing:
-                return _trace(why or "%s holds a module the server imported" % shadowing, args)
+                return _trace(why or shadowing, args)
             _trace(None, args)
             return self._request(args, cwd, env, timeout)
         finally:
