@@ -176,11 +176,14 @@ CLI = shutil.which("sglang-hotfix-trtllm", path=os.path.dirname(sys.executable))
 
 
 def run_cli(*args, env=None, cwd=None, python=None, timeout=120):
-    """The one way tests run the CLI: the installed console script (forked as ``run_python`` forks
-    where it can), or ``PYTHON -m sglang_hotfix_trtllm`` when ``python`` names an interpreter."""
+    """The one way tests run the CLI: the installed console script, or ``PYTHON -m
+    sglang_hotfix_trtllm`` when ``python`` names an interpreter. A fresh interpreter, but for
+    ``verify``, which imports SGLang's backend: forked where ``run_python`` would fork."""
     env = env or clean_env()
     command = [python, "-m", "sglang_hotfix_trtllm"] if python else [CLI]
-    completed = None if python else fork_client.SERVER_OF_THIS_PROCESS.run(command + list(args), cwd, env, timeout)
+    completed = None
+    if not python and args[:1] == ("verify",):
+        completed = fork_client.SERVER_OF_THIS_PROCESS.run(command + list(args), cwd, env, timeout, console_script=True)
     if completed is None:
         completed = subprocess.run(
             command + list(args), capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout

@@ -3,6 +3,8 @@ a child it forks starts as a fresh interpreter would, as far as the plugin and S
 what it cannot start that way starts fresh (``support/fork_client.py``)."""
 
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -49,7 +51,7 @@ def _state(stdout):
     return json.loads(next(line for line in stdout.splitlines() if line.startswith("RESULT:"))[len("RESULT:") :])
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # one a test process: the work-stealing scheduler splits this file
 def server():
     made = fork_client.ForkServer()
     yield made
@@ -108,3 +110,60 @@ def test_what_a_fork_cannot_start_as_a_fresh_interpreter_starts_fresh(server, tm
 def test_every_request_starts_fresh_when_asked(server, tmp_path, monkeypatch):
     monkeypatch.setenv(fork_client.ALL_FRESH, "1")
     assert server.run(["-c", "pass"], str(tmp_path), clean_env(), 60) is None
+
+
+# Programs whose every observable outcome must be a fresh interpreter's (the review of the fork
+# server demonstrated each of these differing, before its child exited as an interpreter does).
+PROGRAMS = {
+    "a finalizer that ends the process": (
+        "import os\nclass A:\n    def __del__(self):\n        print('finalizer ran', flush=True); os._exit(7)\n"
+        "a = A()\nprint('main done')\n"
+    ),
+    "a finalizer that raises": (
+        "class A:\n    def __del__(self):\n        raise RuntimeError('bad finalizer')\n"
+        "a = A(); a.me = a\nprint('main done')\n"
+    ),
+    "stdout that cannot be flushed at exit": "import os, sys\nsys.stdout.write('x')\nos.close(1)\n",
+    "a child left running": (
+        "import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', "
+        "'import time; time.sleep(1); print(\"from the grandchild\")'])\nprint('parent done')\n"
+    ),
+    "the umask": "import os\nprint(oct(os.umask(0)))\n",
+    "an interrupt": "raise KeyboardInterrupt\n",
+    "main's names": (
+        "import sys\nprint(sorted(vars(sys.modules['__main__'])), getattr(__loader__, '__name__', type(__loader__)))\n"
+    ),
+    "a traceback": "def f():\n    raise ValueError('boom')\nf()\n",
+    "the path from an empty PYTHONPATH entry": "import sys\nprint(sys.path[:3])\n",
+}
+
+
+def _outcome(completed, folder):
+    """Exit status, stdout and stderr, with the test's folder, objects' addresses and a traceback's
+    source lines left out (an interpreter tearing down its modules prints a finalizer's without)."""
+    stderr = re.sub(r" at 0x[0-9a-f]+", " at ADDRESS", completed.stderr.replace(str(folder), "FOLDER"))
+    stderr = "\n".join(line for line in stderr.split("\n") if not line.startswith("    "))
+    return completed.returncode, completed.stdout, stderr
+
+
+@pytest.mark.parametrize("how", ["script", "-c"])
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_a_forked_program_ends_as_a_fresh_one(name, how, server, tmp_path):
+    script = tmp_path / "real" / "program.py"
+    script.parent.mkdir()
+    script.write_text(PROGRAMS[name], encoding="utf-8")
+    (tmp_path / "linked").mkdir()
+    (tmp_path / "linked" / "program.py").symlink_to(script)  # Python starts from the folder of the file
+    args = [str(tmp_path / "linked" / "program.py")] if how == "script" else ["-c", PROGRAMS[name]]
+    pythonpath = os.pathsep + str(tmp_path) if "empty PYTHONPATH" in name else str(tmp_path / "real")
+    env = clean_env(PYTHONPATH=pythonpath)
+    previous = os.umask(0o027)
+    try:
+        forked = server.run(args, str(tmp_path), env, 60)
+        fresh = subprocess.run([sys.executable] + args, cwd=tmp_path, env=env, capture_output=True, text=True)
+    finally:
+        os.umask(previous)
+    assert forked is not None, server.broken
+    assert _outcome(forked, tmp_path) == _outcome(fresh, tmp_path)
+    after = server.run(["-c", "print('next')"], str(tmp_path), clean_env(), 60)
+    assert after.stdout == "next\n"  # nothing of the program's reaches the next one's output

@@ -7,7 +7,8 @@ request. The child starts as a fresh ``python SCRIPT`` would from that point: th
 environment, working folder, ``sys.argv`` and ``sys.path`` (the script's folder, PYTHONPATH, the
 standard library), then ``site.main()``, so the site-packages' ``.pth`` files run, the plugin's
 among them, then the script's folder first on the path, the script as ``__main__``, and what an
-interpreter does at exit.
+interpreter does at exit but tear down every module (``_finish``). The server waits for what the
+child leaves running in its process group, as ``subprocess.run`` waits for its pipes.
 
 What differs from a fresh start, and why it does not matter to the requests it serves
 (``fork_client.eligible`` sends only those; everything else starts fresh):
@@ -16,7 +17,13 @@ What differs from a fresh start, and why it does not matter to the requests it s
   the plugin watches, and none is SGLang, wrapt, FlashInfer or setuptools (checked here);
 * ``sys.flags.no_site`` is 1, so a child started by ``multiprocessing``'s spawn method would start
   with ``-S``: requests whose scenario spawns are not sent here;
-* ``sys.orig_argv`` is the server's;
+* at exit, only ``__main__`` is torn down: a finalizer of another module's global (SGLang's, the
+  plugin's) does not run, as it would in a fresh interpreter's teardown;
+* ``sys.orig_argv``, ``/proc/self/cmdline`` and ``/proc/self/environ`` are the server's (a process
+  that ``status --pid`` inspects is started by the tests with ``subprocess.Popen``, fresh);
+* every child of one server has the server's hash seed (a fresh interpreter draws its own), and
+  the modules the libraries imported (a submodule the plugin forgot to import is there anyway:
+  the fresh runs, ``SGLANG_HOTFIX_TEST_FRESH=1`` and the CLI, which always starts fresh, see it);
 * a variable these libraries read at import holds the server's value: a request may change only
   variables none of them read (``environment_read``, Python's reads; the client allows only
   PYTHONPATH, SGLANG_ variables and the name of the test running, and checks them against it).
@@ -125,79 +132,156 @@ def _preload(site_packages, reads):
     return base_path, None
 
 
-def _exit_code(error):
-    code = error.code
-    if code is None:
+def _main_module(argv):
+    """``__main__`` as Python makes it for ``-c`` or a script (the names a fresh one holds)."""
+    import builtins
+    import importlib.machinery
+    import types
+
+    main = types.ModuleType("__main__")
+    main.__builtins__, main.__annotations__, main.__spec__ = builtins, {}, None
+    if argv[0] == "-c":
+        main.__loader__ = importlib.machinery.BuiltinImporter
+        return main, compile(argv[1], "<string>", "exec", dont_inherit=True), "<string>"
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", argv[0])
+    main.__file__, main.__cached__ = argv[0], None
+    with open(argv[0], "rb") as handle:
+        return main, compile(handle.read(), argv[0], "exec", dont_inherit=True), argv[0]
+
+
+def _start_as_fresh(request, base_path):
+    """The request's process settings, folder, environment, ``sys.argv``, ``sys.path`` (then
+    ``site.main()``: the ``.pth`` files) and ``__main__``; returns the code to run and its file."""
+    os.setpgid(0, 0)  # its own group: the server waits for what it leaves running, as a pipe would
+    os.umask(request["umask"])
+    stdin = os.open(os.devnull, os.O_RDONLY)
+    stdout = os.open(request["stdout"], os.O_WRONLY | os.O_TRUNC)
+    stderr = os.open(request["stderr"], os.O_WRONLY | os.O_TRUNC)
+    for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    argv = request["argv"]
+    # Python's own rules: every PYTHONPATH entry, an empty one naming the current folder; a script's
+    # folder is that of the file it links to; -c's first entry is "" (the current folder).
+    value = request["env"].get("PYTHONPATH", "")
+    python_path = [os.path.abspath(p) for p in value.split(os.pathsep)] if value else []
+    first = "" if argv[0] == "-c" else os.path.dirname(os.path.realpath(argv[0]))
+    sys.argv = ["-c"] + argv[2:] if argv[0] == "-c" else list(argv)
+    sys.path[:] = python_path + base_path
+    import site
+
+    site.main()
+    sys.path.insert(0, first)  # as Python puts it there: after site ran
+    main, code, filename = _main_module(argv)
+    sys.modules["__main__"] = main
+    return main, code, filename
+
+
+def _print_uncaught(error, filename):
+    """The traceback Python prints, from the script's first frame (none of this file's)."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != filename:
+        tb = tb.tb_next
+    tb = tb or error.__traceback__
+    sys.excepthook(type(error), error.with_traceback(tb), tb)
+
+
+def _exit_status(error):
+    """The exit status Python gives a ``SystemExit`` (its message, where it is one, on stderr)."""
+    if error.code is None:
         return 0
-    if isinstance(code, int):
-        return code
-    print(code, file=sys.stderr)
+    if isinstance(error.code, int):
+        return error.code
+    print(error.code, file=sys.stderr)
     return 1
 
 
-def _child(request, base_path):
-    """Become ``python ARGV`` as started in the request's folder and environment (never returns)."""
-    code = 1
-    try:
-        stdin = os.open(os.devnull, os.O_RDONLY)
-        stdout = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        stderr = os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
-            os.dup2(fd, target)
-            os.close(fd)
-        os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(request["env"])
-        argv = request["argv"]
-        python_path = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
-        if argv[0] == "-c":
-            sys.argv, first = ["-c"] + argv[2:], ""
-        else:
-            sys.argv, first = list(argv), os.path.dirname(os.path.abspath(argv[0]))
-        sys.path[:] = python_path + base_path
-        import site
+def _finish(status, main):
+    """What an interpreter does at exit, but tearing down every module (the server's preloaded ones
+    took 1.5 s a child, and hold nothing of a test's): threads joined, ``atexit``, ``__main__``'s
+    names dropped (their finalizers run), a collection (finalizers of cycles), the last flush of
+    stdout and stderr (exit 120 where it fails), as ``Py_FinalizeEx`` orders them."""
+    import atexit
+    import gc
+    import threading
+    import traceback
 
-        site.main()
-        sys.path.insert(0, first)  # as Python puts it there: after site ran
-        import runpy
-
+    threading._shutdown()
+    atexit._run_exitfuncs()
+    names = vars(main)
+    for name in [n for n in reversed(names) if n != "__builtins__"]:  # the last bound first
+        names.pop(name, None)
+    gc.collect()
+    for stream in (sys.stdout, sys.stderr):
         try:
-            if argv[0] == "-c":
-                import builtins
-                import types
+            stream.flush()
+        except Exception as error:
+            message = "Exception ignored in: %r\n%s" % (stream, "".join(traceback.format_exception_only(error)))
+            os.write(2, message.encode())
+            status = 120
+    os._exit(status)
 
-                main = types.ModuleType("__main__")
-                main.__builtins__ = builtins
-                sys.modules["__main__"] = main
-                exec(compile(argv[1], "<string>", "exec"), vars(main))
-            else:
-                runpy.run_path(argv[0], run_name="__main__")
-            code = 0
-        except SystemExit as error:
-            code = _exit_code(error)
-        except BaseException:
-            sys.excepthook(*sys.exc_info())
-            code = 1
-        import threading
 
-        threading._shutdown()  # as an interpreter does at exit: wait for the threads it started
-        import atexit
-
-        atexit._run_exitfuncs()
+def _child(request, base_path):
+    """Become ``python ARGV``; never returns to the server's loop."""
+    try:
+        main, code, filename = _start_as_fresh(request, base_path)
     except BaseException:
         import traceback
 
         traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
-        os._exit(code)
+        os._exit(1)  # the server's own failure, said on the test's stderr; never the server's loop
+    try:
+        exec(code, vars(main))
+        status = 0
+    except SystemExit as error:
+        status = _exit_status(error)
+    except BaseException as error:
+        _print_uncaught(error, filename)
+        if isinstance(error, KeyboardInterrupt):  # Python ends such a process by SIGINT
+            import signal
+
+            sys.stdout.flush()
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        status = 1
+    _finish(status, main)
+
+
+def _reap_the_group(pid, deadline):
+    """Wait, until ``deadline``, for the processes the child left in its group (this server is
+    their subreaper): ``subprocess.run`` waits for them too, as they hold its pipes. True when some
+    were still running at the deadline (then killed)."""
+    import time
+
+    while True:
+        try:
+            reaped, _ = os.waitpid(-pid, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if reaped == 0:
+            if time.monotonic() > deadline:
+                try:
+                    os.killpg(pid, 9)
+                except ProcessLookupError:
+                    pass
+                return True
+            time.sleep(0.02)
+
+
+def _become_subreaper():
+    """Orphans of a child come to this server (Linux ``PR_SET_CHILD_SUBREAPER``), which reaps them."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
 
 
 def serve(site_packages):
+    import time
+
     control_in, control_out = sys.stdin, os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # what the libraries print goes to the server's log, never into the replies
     reads = _ReadsOfTheEnvironment()
@@ -205,6 +289,7 @@ def serve(site_packages):
     if refused:
         _send(control_out, refused=refused)
         return
+    _become_subreaper()
     _send(
         control_out,
         preloaded=sorted({name.partition(".")[0] for name in sys.modules}),
@@ -212,15 +297,21 @@ def serve(site_packages):
     )
     for line in control_in:
         request = json.loads(line)
+        deadline = time.monotonic() + request["timeout"]
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
             control_out.close()
             _child(request, base_path)
+        try:
+            os.setpgid(pid, pid)
+        except OSError:
+            pass  # the child did it first
         _send(control_out, pid=pid)
         _, status = os.waitpid(pid, 0)
-        _send(control_out, returncode=os.waitstatus_to_exitcode(status))
+        lingering = _reap_the_group(pid, deadline)
+        _send(control_out, returncode=os.waitstatus_to_exitcode(status), lingering=lingering)
 
 
 if __name__ == "__main__":
