@@ -69,6 +69,7 @@ class ForkServer:
         self.broken = None
         self.env = None
         self.folder = None
+        self.unread = b""  # what _read has taken from the server's pipe beyond the last reply
 
     def _start(self, env):
         self.env = dict(env)
@@ -84,7 +85,6 @@ class ForkServer:
             cwd=self.folder,
             bufsize=0,  # replies are read by _read, line by line from its own buffer
         )
-        self.unread = b""
         log.close()
         reply = self._read(START_TIMEOUT)
         if reply is None or "preloaded" not in reply:
@@ -121,8 +121,9 @@ class ForkServer:
             return "%s=1" % ALL_FRESH
         if python not in (None, sys.executable):
             return "another interpreter"
-        script = console_script or args[0].endswith(".py")
-        if not args or (args[0] != "-c" and (args[0].startswith("-") or not script)):
+        if not args:
+            return "no script"
+        if args[0] != "-c" and (args[0].startswith("-") or not (console_script or args[0].endswith(".py"))):
             return "interpreter flags or no script"
         fresh_only = MUST_START_FRESH.get((os.path.basename(args[0]), args[1] if len(args) > 1 else None))
         if fresh_only:
@@ -188,8 +189,11 @@ class ForkServer:
             self._stop("the fork server did not fork: %s" % started)
             return None
         done = self._read(timeout)
-        if done is None:  # the child runs on: the server has not reaped it, so the pid is still its
-            os.kill(started["pid"], signal.SIGKILL)
+        if done is None:  # the child runs on: the server has not reaped it, so the pid is still its own
+            try:
+                os.kill(started["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # it ended and was reaped as the time ran out: the server's reply is on its way
             if self._read(60) is None:
                 self._stop("the fork server did not answer after its child was killed")
         if done is None or done["lingering"]:
