@@ -36,7 +36,7 @@ import fp8_cases
 import release_selection
 import workspace_cases
 from conftest import CACHE, clean_env, exclusive, status_json
-from sglang_hotfix_trtllm import detect, logs, patch
+from sglang_hotfix_trtllm import detect, flashinfer_install, logs, patch
 from sglang_hotfix_trtllm.records import catalog, encoder_only_mask, pr28144, pr31667, xqa_workspace
 
 HOTFIX = encoder_only_mask.HOTFIX
@@ -257,6 +257,10 @@ def test_the_installed_flashinfer_decides_whether_the_repair_can_be_carried(flas
     (block,) = [r for r in document["hotfixes"] if r["hotfix"] == "encoder_only_mask"]
     assert block["verdict"] == verdict, block["reason"]
     assert ran.returncode == code and document["exit_status"] == code, document["headline"]
+    # the README's release table has only each release's pinned version (tools/docs_tables.py): its
+    # rule gives what the product read from this FlashInfer's kernel
+    repairable = flashinfer_install.has_release(flashinfer, encoder_only_mask.FLASHINFER_REPAIRABLE_FROM)
+    assert repairable is (verdict == "affected")
     if verdict == "unrepairable":
         assert "takes no causal argument" in block["reason"] and "0.5.22" in block["reason"]
         probe = (

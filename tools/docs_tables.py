@@ -46,13 +46,44 @@ def releases():
     return sorted({row["release"] for hotfix in records() for row in rows(hotfix)}, key=Version)
 
 
-def verdicts_by_release():
-    """release -> {record: verdict} from the shipped tables."""
+def shipped_verdicts_by_release():
+    """release -> {record: verdict} from the shipped tables (the source's verdicts)."""
     table = {release: {} for release in releases()}
     for hotfix in records():
         for row in rows(hotfix):
             table[row["release"]][hotfix.name] = row["verdict"]
     return table
+
+
+def verdicts_by_release():
+    """release -> {record: verdict} as ``status`` gives them with each release's own FlashInfer
+    installed (``with_pinned_flashinfer``)."""
+    pins, by_name = flashinfer_pins(), {hotfix.name: hotfix for hotfix in records()}
+    table = {}
+    for release, verdicts in shipped_verdicts_by_release().items():
+        pin = pins.get(release)
+        table[release] = {name: with_pinned_flashinfer(by_name[name], v, pin) for name, v in verdicts.items()}
+    return table
+
+
+def with_pinned_flashinfer(hotfix, verdict, pin):
+    """The verdict ``status`` gives where the release's pinned FlashInfer is installed. A FlashInfer
+    kernel bug's table holds its pin's verdict already. A repair that needs something of FlashInfer
+    (``Hotfix.environment``) is judged by the product from the installed kernel's files; here only the
+    pin's version is known, so it is compared with the oldest FlashInfer the record knows to carry what
+    the repair needs (its module's ``FLASHINFER_REPAIRABLE_FROM``): older is ``unrepairable``, as
+    ``status`` says on such an install."""
+    import importlib
+
+    from sglang_hotfix_trtllm.flashinfer_install import has_release
+
+    if verdict != "affected" or hotfix.environment is None or pin is None:
+        return verdict
+    module = importlib.import_module("sglang_hotfix_trtllm.records." + hotfix.name)
+    first = getattr(module, "FLASHINFER_REPAIRABLE_FROM", None)
+    if first is None:
+        return verdict
+    return "unrepairable" if has_release(pin, first) is False else verdict
 
 
 def _span(group, count=True):
@@ -183,12 +214,15 @@ def status_rows():
     out = []
     accepted = frozenset(reported_somewhere())
     by_name = {hotfix.name: hotfix for hotfix in records()}
+    shipped = shipped_verdicts_by_release()
     for release, verdicts in verdicts_by_release().items():
         line, code = status_first_line(release, verdicts)
         word = re.match(r"[A-Z ]+[A-Z]", line).group(0)
         patched = ", ".join(name for name, verdict in verdicts.items() if verdict == "affected")
         reported = ", ".join(name for name, verdict in verdicts.items() if verdict == "unrepairable")
-        depends = tuple(name for name, verdict in verdicts.items() if depends_on_flashinfer(by_name[name], verdict))
+        depends = tuple(
+            name for name, verdict in shipped[release].items() if depends_on_flashinfer(by_name[name], verdict)
+        )
         out.append((release, word, patched, reported, code, status_first_line(release, verdicts, accepted)[1], depends))
     return [([r[0] for r in group], key[:5]) for key, group in _groups(out, lambda r: r[1:])]
 
@@ -199,7 +233,7 @@ def flashinfer_cell(group):
     pinned = [pins.get(release, "?") for release in group]
     span = pinned[0] if len(set(pinned)) == 1 else "%s to %s" % (pinned[0], pinned[-1])
     by_name = {hotfix.name: hotfix for hotfix in records()}
-    verdicts = verdicts_by_release()[group[0]]
+    verdicts = shipped_verdicts_by_release()[group[0]]
     depends = [name for name, verdict in verdicts.items() if depends_on_flashinfer(by_name[name], verdict)]
     return "%s: %s" % (span, ", ".join(depends) or "nothing")
 

@@ -56,11 +56,14 @@ from ..record import Hotfix, Verdict
 from ..release_table import ReleaseTable
 
 NAME = "encoder_only_mask"
-# What of this record depends on FlashInfer, for the README (tools/docs_tables.py).
+# The oldest FlashInfer known to take ``causal`` on its context kernel (0.5.12's pin; 0.5.11's, 0.6.8.post1,
+# does not). The product reads the installed kernel's signature; the README's release table, which has
+# only each release's pinned version, compares it with this.
+FLASHINFER_REPAIRABLE_FROM = "0.6.11.post1"
 FLASHINFER = (
-    "is repaired only with a FlashInfer whose context kernel takes `causal` (0.6.11.post1 does, 0.5.11's pin "
-    "0.6.8.post1 does not)"
-)
+    "is repaired only with a FlashInfer whose context kernel takes `causal` (%s does, 0.5.11's pin "
+    "0.6.8.post1 does not)" % FLASHINFER_REPAIRABLE_FROM
+)  # what of this record depends on FlashInfer, for the README (tools/docs_tables.py)
 CLASS_NAME = trtllm_backend.CLASS_NAME
 METHOD = "forward_extend"
 UPSTREAM = "SGLang 0.5.22"
@@ -177,8 +180,8 @@ def flashinfer_problem():
         return "%s defines no %s" % (located.path, CONTEXT_KERNEL)
     if not re.search(r"\bcausal\b", found.group(1)):
         return (
-            "the installed FlashInfer's %s takes no causal argument (%s; FlashInfer 0.6.11.post1 and later take "
-            "it): no argument gives upstream's attention" % (CONTEXT_KERNEL, located.path)
+            "the installed FlashInfer's %s takes no causal argument (%s; FlashInfer %s and later take "
+            "it): no argument gives upstream's attention" % (CONTEXT_KERNEL, located.path, FLASHINFER_REPAIRABLE_FROM)
         )
     return None
 
