@@ -176,6 +176,9 @@ def status(arguments):
     if arguments.accept:  # the same as the variable, for this status only (merged with it)
         from .switches import ACCEPT
 
+        by_variable = {n.strip().lower() for n in os.environ.get(ACCEPT, "").split(",")}
+        named = {n.strip().lower() for value in arguments.accept for n in value.split(",")}
+        state.ACCEPTED_BY_ARGUMENT.update(named - by_variable)  # the first line names what accepted each
         os.environ[ACCEPT] = ",".join(filter(None, [os.environ.get(ACCEPT, "")] + arguments.accept))
     if arguments.json and arguments.verbose:
         diagnose("status: --verbose adds nothing to --json, which holds every key of every record")

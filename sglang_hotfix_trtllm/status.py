@@ -187,6 +187,9 @@ THIS_PROCESS = "this-process"  # status --pid: the records patched in that runni
 # status --source and the README's release table: code in no environment, judged as if the plugin
 # were installed by pip where it runs (not "this environment": a file given by path is in none).
 IF_INSTALLED_BY_PIP = "if-installed-by-pip"
+# The records this `status` accepts because `--accept` named them (not the variable): the first line
+# says which of the two accepted each (cli merges --accept into the variable for the verdicts).
+ACCEPTED_BY_ARGUMENT = set()
 COVERAGE_WORDS = {
     # What a process recorded when it handled its records, not a look inside it now: a method that
     # code replaced there since (a HookRegistry REPLACE, an assignment) cannot be seen from outside.
@@ -665,6 +668,13 @@ def named(reports):
     return "record%s %s" % ("" if len(reports) == 1 else "s", ", ".join(r["hotfix"] for r in reports))
 
 
+def _accepted_by(report):
+    """What took an unrepaired bug out of the verdict: `--accept`, the variable, or turning it off."""
+    if not report.get("accepted"):
+        return switches.DISABLE
+    return "--accept" if report["hotfix"] in ACCEPTED_BY_ARGUMENT else switches.ACCEPT
+
+
 def overall_headline(reports, code, subject=None, running=False):
     """The one first line of ``status``: a verdict across every record, whose
     first word matches the exit status ``code`` (0 PROTECTED or NOTHING TO DO,
@@ -715,7 +725,7 @@ def overall_headline(reports, code, subject=None, running=False):
             _by_reason(accepted, lambda r: r["would_patch_reason"]),
             " and ".join(
                 sorted(
-                    {switches.ACCEPT if r.get("accepted") else switches.DISABLE for r in accepted},
+                    {_accepted_by(r) for r in accepted},
                 )
             ),
         )

@@ -208,6 +208,13 @@ def test_status_on_0_5_12_judges_the_installed_flashinfer(tmp_path, flashinfer, 
         assert accepted.returncode == 0, accepted.report["headline"]
         runs = "their bugs run" if len(reported) > 1 else "its bug runs"
         assert "%s: %s unrepaired" % (named, runs) in accepted.report["headline"], accepted.report["headline"]
+        # the first line names what accepted them: the argument here, the variable below
+        assert accepted.report["headline"].endswith("), accepted by --accept"), accepted.report["headline"]
+        by_variable = status_json(
+            env=clean_env(PYTHONPATH=str(environment), SGLANG_HOTFIX_TRTLLM_ACCEPT=",".join(reported))
+        )
+        assert by_variable.returncode == 0, by_variable.report["headline"]
+        assert by_variable.report["headline"].endswith("), accepted by SGLANG_HOTFIX_TRTLLM_ACCEPT")
     else:
         assert ran.returncode == 0 and report["headline"].startswith("PROTECTED: SGLang "), report["headline"]
 
