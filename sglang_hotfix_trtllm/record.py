@@ -170,8 +170,11 @@ class Hotfix(Value):
 
     @property
     def targets_text(self):
-        """The target, and the other methods wrapped with it ("...Class.a and b")."""
-        return " and ".join((self.target,) + tuple(self.also))
+        """The target, and the other methods wrapped or edited with it ("...Class.a and b"): the log
+        line names every method whose code the record changes."""
+        edited = tuple(edit.method for edit in self.edits)
+        others = tuple(dict.fromkeys(m for m in edited + tuple(self.also) if m != self.method_name))
+        return " and ".join((self.target,) + others)
 
     @property
     def method_names(self):
