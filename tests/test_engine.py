@@ -110,3 +110,16 @@ def test_status_and_the_import_hook_act_on_engine_decide_alone(monkeypatch):
     before = module.TRTLLMHAAttnBackend.__dict__[pr26521.METHOD_NAME]
     assert engine.handle(pr26521.HOTFIX, module) is engine.Action.DISABLED
     assert module.TRTLLMHAAttnBackend.__dict__[pr26521.METHOD_NAME] is before
+
+
+def test_the_patched_line_names_every_method_a_record_changes():
+    """xqa_workspace edits __init__ and forward_extend; its line named __init__ alone, so an operator
+    who searched the log for forward_extend found no record that changed it."""
+    from sglang_hotfix_trtllm.records import catalog
+
+    for hotfix in catalog.HOTFIXES:
+        changed = {edit.method for edit in hotfix.edits} | set(hotfix.method_names)
+        head, _, rest = hotfix.targets_text.rpartition(".%s" % hotfix.method_name)
+        named = [hotfix.method_name] + [m for m in rest.split(" and ") if m]
+        assert head == "%s.%s" % (hotfix.module, hotfix.class_name), hotfix.targets_text
+        assert sorted(named) == sorted(changed), hotfix.name
