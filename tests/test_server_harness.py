@@ -90,3 +90,42 @@ def test_each_start_order_cuts_its_cpu_sets_from_all_the_hosts_cpus(monkeypatch)
     assert first["hotfix"] == second["anchor"] == set(range(5)) and first["anchor"] == second["hotfix"]
     assert first[None] == second[None] == set(range(10, 16))
     assert server_ab_worker.cpu_sets(("a", "b", "c"), [0, 1, 2, 3, 4, 5, 6]) is None  # under two CPUs a server
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to swap between")
+def test_swapping_cpu_sets_moves_every_thread_of_each_servers_group(tmp_path):
+    """``--swap-cpu-sets``: the eager A/B of 2026-12-06 found the server on the second CPU set faster
+    in both start orders; turning the sets each cycle moves every thread of a server's group (its
+    children's too, as SGLang's scheduler is one) and nothing of the other server's."""
+    import server_ab_worker
+
+    program = (
+        "import subprocess, sys, threading, time\n"
+        "[threading.Thread(target=time.sleep, args=(60,), daemon=True).start() for _ in range(3)]\n"
+        "import os, signal\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "signal.signal(signal.SIGTERM, lambda *_: (child.kill(), child.wait(), os._exit(0)))\n"  # the group ends
+        "time.sleep(60)\n"
+    )
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    sets = {"hotfix": {cpus[0]}, "anchor": {cpus[1]}}
+    servers = {
+        arm: {"process": harness.launch([sys.executable, "-c", program], None, tmp_path / (arm + ".log"), tmp_path)}
+        for arm in sets
+    }
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline and any(
+            len(server_ab_worker.group_threads(s["process"].pid)) < 5 for s in servers.values()
+        ):
+            time.sleep(0.1)
+        for arm, server in servers.items():
+            assert server_ab_worker.move_server(server, sets[arm]) == 5  # 4 threads and the child
+        places = server_ab_worker.turn_places(servers, sets, {"hotfix": "hotfix", "anchor": "anchor"})
+        assert places == {"hotfix": "anchor", "anchor": "hotfix"}
+        for arm, server in servers.items():
+            threads = server_ab_worker.group_threads(server["process"].pid)
+            assert {frozenset(os.sched_getaffinity(tid)) for tid in threads} == {frozenset(sets[places[arm]])}
+    finally:
+        for server in servers.values():
+            assert harness.stop(server["process"])

@@ -28,7 +28,11 @@ piecewise CUDA graphs are off in every arm (prefill is triton's, not what is com
 
 CPUs: each server runs on a CPU set of its own (by its place in the start order), this process on
 the rest (``cpu_sets``); ``--spare-cpu0`` keeps CPU 0 (and its interrupts) out of every server's set
-and gives it to this process. Besides the round times, each server's own decode figures are kept
+and gives it to this process. ``--swap-cpu-sets``: after each cycle the servers' CPU sets turn one
+place (every thread of every process of each server's group moved), so that each arm runs the same
+number of rounds in each set; the places of each cycle are kept (``places``). Without it, the eager
+A/B of 2026-12-06 showed the server on the second set faster in both start orders, by 2.6 and 8.3%.
+Besides the round times, each server's own decode figures are kept
 (``decode_tokens_per_s``: its log's tokens/s at the full batch, intervals that hold decode steps
 only), and compared per pair of arms (``decode_summary``: medians and a bootstrap 95% interval of
 their difference).
@@ -179,6 +183,44 @@ def cpu_sets(arms, cpus, spare=()):
     sets = {arm: set(servers[i * share : (i + 1) * share]) for i, arm in enumerate(arms)}
     sets[None] = set(cpus) - set().union(*sets.values())
     return sets
+
+
+def group_threads(pgid):
+    """Every thread of every process in process group ``pgid`` (a server and what it started)."""
+    threads = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry) as stat:
+                fields = stat.read().rpartition(")")[2].split()
+            if int(fields[2]) != pgid:  # after the command's name: state, ppid, pgrp
+                continue
+            threads += [int(tid) for tid in os.listdir("/proc/%s/task" % entry)]
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+    return threads
+
+
+def move_server(server, cpus):
+    """Every thread of ``server``'s process group onto ``cpus``; the number moved."""
+    moved = 0
+    for tid in group_threads(server["process"].pid):
+        try:
+            os.sched_setaffinity(tid, cpus)
+            moved += 1
+        except OSError:
+            continue  # a thread that ended meanwhile
+    return moved
+
+
+def turn_places(servers, sets, places):
+    """Each arm's CPU set one place on (arm i takes the set of arm i+1 in ``places``' order)."""
+    arms = list(places)
+    turned = {arm: places[arms[(i + 1) % len(arms)]] for i, arm in enumerate(arms)}
+    for arm, place in turned.items():
+        move_server(servers[arm], sets[place])
+    return turned
 
 
 def begin(arm, model, eager, environment, workdir, label, cpus=None):
@@ -354,6 +396,9 @@ def main():
     parser.add_argument("--max-total-tokens", type=int, default=65536, help="each server's KV cap")
     parser.add_argument("--mem-fraction-static", default="0.5")
     parser.add_argument("--spare-cpu0", action="store_true", help="keep CPU 0 out of every server's CPU set")
+    parser.add_argument(
+        "--swap-cpu-sets", action="store_true", help="turn the servers' CPU sets one place after each cycle"
+    )
     options = parser.parse_args()
     FLAGS[FLAGS.index("--max-total-tokens") + 1] = str(options.max_total_tokens)
     FLAGS[FLAGS.index("--mem-fraction-static") + 1] = str(options.mem_fraction_static)
@@ -396,6 +441,8 @@ def main():
                 for a, b in itertools.combinations(order, 2):
                     facts["answers_equal_%s_%s" % (a, b)] = sum(x == y for x, y in zip(first[a], first[b]))
                 cycles = by_order[order_text] = []
+                places = {arm: arm for arm in order}  # arm -> the arm whose CPU set it has now
+                facts["places"] = []
                 cycle_s = None
                 while True:
                     spent = time.time() - order_began
@@ -405,6 +452,9 @@ def main():
                     for arm in permutations[len(cycles) % len(permutations)]:
                         times[arm], _ = load_round(servers[arm]["port"], batch, pool)
                     cycles.append(times)
+                    facts["places"].append(dict(places))
+                    if options.swap_cpu_sets and sets:
+                        places = turn_places(servers, sets, places)
                     cycle_s = time.time() - cycle_began
                     result["cycles"][order_text] = [{a: round(t, 4) for a, t in c.items()} for c in cycles]
                     result["summary"] = summary(by_order)
