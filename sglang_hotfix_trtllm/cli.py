@@ -173,13 +173,14 @@ def _edit_text(hotfix, report, assessment):
 def status(arguments):
     from . import detect, source, status as state
 
+    by_argument = frozenset()
     if arguments.accept:  # the same as the variable, for this status only (merged with it)
-        from .switches import ACCEPT
+        from .switches import ACCEPT, record_names
 
-        by_variable = {n.strip().lower() for n in os.environ.get(ACCEPT, "").split(",")}
-        named = {n.strip().lower() for value in arguments.accept for n in value.split(",")}
-        state.ACCEPTED_BY_ARGUMENT.update(named - by_variable)  # the first line names what accepted each
+        by_variable = record_names(os.environ.get(ACCEPT, ""))
+        by_argument = frozenset(record_names(",".join(arguments.accept))).difference(by_variable)
         os.environ[ACCEPT] = ",".join(filter(None, [os.environ.get(ACCEPT, "")] + arguments.accept))
+    state.ACCEPTED_BY_ARGUMENT = by_argument  # the first line names what accepted each (this call's alone)
     if arguments.json and arguments.verbose:
         diagnose("status: --verbose adds nothing to --json, which holds every key of every record")
     if arguments.pid is not None or arguments.processes:

@@ -189,7 +189,7 @@ THIS_PROCESS = "this-process"  # status --pid: the records patched in that runni
 IF_INSTALLED_BY_PIP = "if-installed-by-pip"
 # The records this `status` accepts because `--accept` named them (not the variable): the first line
 # says which of the two accepted each (cli merges --accept into the variable for the verdicts).
-ACCEPTED_BY_ARGUMENT = set()
+ACCEPTED_BY_ARGUMENT = frozenset()
 COVERAGE_WORDS = {
     # What a process recorded when it handled its records, not a look inside it now: a method that
     # code replaced there since (a HookRegistry REPLACE, an assignment) cannot be seen from outside.

@@ -131,6 +131,11 @@ def _disable(environ, problems):
     return False, frozenset(names), ""
 
 
+def record_names(raw):
+    """The names a comma-separated switch value lists, as the switches read them (stripped, lower case)."""
+    return [name.strip().lower() for name in raw.split(",") if name.strip()]
+
+
 def _accept(environ, problems):
     """The records named by the acknowledgement switch. Names only: a value naming no record
     (``1``, ``all``, a typo) accepts nothing that name stands for, with one complaint."""
@@ -140,7 +145,7 @@ def _accept(environ, problems):
     if raw is None or not raw.strip():
         return frozenset()
     known = [hotfix.name for hotfix in catalog.HOTFIXES]
-    names = [name.strip().lower() for name in raw.split(",") if name.strip()]
+    names = record_names(raw)
     unknown = [name for name in names if name not in known]
     if unknown:
         problems.append(

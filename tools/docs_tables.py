@@ -73,14 +73,11 @@ def with_pinned_flashinfer(hotfix, verdict, pin):
     pin's version is known, so it is compared with the oldest FlashInfer the record knows to carry what
     the repair needs (its module's ``FLASHINFER_REPAIRABLE_FROM``): older is ``unrepairable``, as
     ``status`` says on such an install."""
-    import importlib
-
     from sglang_hotfix_trtllm.flashinfer_install import has_release
 
     if verdict != "affected" or hotfix.environment is None or pin is None:
         return verdict
-    module = importlib.import_module("sglang_hotfix_trtllm.records." + hotfix.name)
-    first = getattr(module, "FLASHINFER_REPAIRABLE_FROM", None)
+    first = getattr(record_module(hotfix), "FLASHINFER_REPAIRABLE_FROM", None)
     if first is None:
         return verdict
     return "unrepairable" if has_release(pin, first) is False else verdict
@@ -190,19 +187,30 @@ def depends_on_flashinfer(hotfix, verdict):
     return hotfix.environment is not None and verdict == "affected"
 
 
+def pin_dependents(shipped):
+    """The records whose verdict, given a release's ``shipped`` verdicts, depends on its FlashInfer."""
+    by_name = {hotfix.name: hotfix for hotfix in records()}
+    return tuple(name for name, verdict in shipped.items() if depends_on_flashinfer(by_name[name], verdict))
+
+
 def flashinfer_pins():
     """release -> the FlashInfer it pins, from the tables that record it (the FlashInfer kernel
     bugs' tables: ``tools/scan_releases.py`` reads it from the release's metadata)."""
     return {row["release"]: row["flashinfer"] for h in records() for row in rows(h) if row.get("flashinfer")}
 
 
-def flashinfer_conditions():
-    """record -> what of it depends on FlashInfer, in words (each such record's ``FLASHINFER``)."""
+def record_module(hotfix):
+    """The module that defines ``hotfix`` (its docs-facing constants live there)."""
     import importlib
 
+    return importlib.import_module("sglang_hotfix_trtllm.records." + hotfix.name)
+
+
+def flashinfer_conditions():
+    """record -> what of it depends on FlashInfer, in words (each such record's ``FLASHINFER``)."""
     found = {}
     for hotfix in records():
-        module = importlib.import_module("sglang_hotfix_trtllm.records." + hotfix.name)
+        module = record_module(hotfix)
         if getattr(module, "FLASHINFER", None):
             found[hotfix.name] = module.FLASHINFER
     return found
@@ -213,16 +221,13 @@ def status_rows():
     first; a run also ends where the records whose verdict depends on FlashInfer change."""
     out = []
     accepted = frozenset(reported_somewhere())
-    by_name = {hotfix.name: hotfix for hotfix in records()}
     shipped = shipped_verdicts_by_release()
     for release, verdicts in verdicts_by_release().items():
         line, code = status_first_line(release, verdicts)
         word = re.match(r"[A-Z ]+[A-Z]", line).group(0)
         patched = ", ".join(name for name, verdict in verdicts.items() if verdict == "affected")
         reported = ", ".join(name for name, verdict in verdicts.items() if verdict == "unrepairable")
-        depends = tuple(
-            name for name, verdict in shipped[release].items() if depends_on_flashinfer(by_name[name], verdict)
-        )
+        depends = pin_dependents(shipped[release])
         out.append((release, word, patched, reported, code, status_first_line(release, verdicts, accepted)[1], depends))
     return [([r[0] for r in group], key[:5]) for key, group in _groups(out, lambda r: r[1:])]
 
@@ -232,9 +237,7 @@ def flashinfer_cell(group):
     pins = flashinfer_pins()
     pinned = [pins.get(release, "?") for release in group]
     span = pinned[0] if len(set(pinned)) == 1 else "%s to %s" % (pinned[0], pinned[-1])
-    by_name = {hotfix.name: hotfix for hotfix in records()}
-    verdicts = shipped_verdicts_by_release()[group[0]]
-    depends = [name for name, verdict in verdicts.items() if depends_on_flashinfer(by_name[name], verdict)]
+    depends = pin_dependents(shipped_verdicts_by_release()[group[0]])
     return "%s: %s" % (span, ", ".join(depends) or "nothing")
 
 

@@ -60,10 +60,11 @@ NAME = "encoder_only_mask"
 # does not). The product reads the installed kernel's signature; the README's release table, which has
 # only each release's pinned version, compares it with this.
 FLASHINFER_REPAIRABLE_FROM = "0.6.11.post1"
+# What of this record depends on FlashInfer, for the README (tools/docs_tables.py).
 FLASHINFER = (
     "is repaired only with a FlashInfer whose context kernel takes `causal` (%s does, 0.5.11's pin "
     "0.6.8.post1 does not)" % FLASHINFER_REPAIRABLE_FROM
-)  # what of this record depends on FlashInfer, for the README (tools/docs_tables.py)
+)
 CLASS_NAME = trtllm_backend.CLASS_NAME
 METHOD = "forward_extend"
 UPSTREAM = "SGLang 0.5.22"
