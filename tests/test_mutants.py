@@ -278,13 +278,10 @@ def _error(error):
 def _same(a, b):
     """Values equal: tensors by dtype, shape and content, containers item by item,
     plain values by ==, anything else only when it is the same object."""
-    # The states compared are mostly plain dicts of tensors: those first, by exact type (the
+    # The states compared are mostly plain dicts of tensors: dicts first, by exact type (the
     # general rules below give the same answers; this order only saves their isinstance calls).
-    kind = type(a)
-    if kind is dict and type(b) is dict:
+    if type(a) is dict and type(b) is dict:
         return a is b or (a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a))
-    if kind is torch.Tensor and type(b) is torch.Tensor:
-        return a.dtype == b.dtype and a.shape == b.shape and a.device == b.device and torch.equal(a, b)
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         return a.dtype == b.dtype and a.shape == b.shape and a.device == b.device and torch.equal(a, b)
     if a is b:
