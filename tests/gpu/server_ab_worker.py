@@ -14,7 +14,9 @@ Arms, one server each (``python -m sglang.launch_server``, test_server_e2e's lau
   in a copy of the ``sglang`` package put first on the path (what an upgrade would cost); the
   plugin not on the path;
 * ``disabled``: the plugin on the path as in ``hotfix``, turned off with
-  ``SGLANG_HOTFIX_TRTLLM_DISABLE=1`` (what the plugin's mere presence costs).
+  ``SGLANG_HOTFIX_TRTLLM_DISABLE=1`` (what the plugin's mere presence costs);
+* ``anchor2``: a second server exactly as ``anchor`` (the A/A floor: what two servers of the same
+  code differ by on this host).
 
 The model is Llama-3-8B's shape (32 layers, hidden 4096, 32 query and 8 KV heads of 128, vocabulary
 128256) with SGLang's dummy weights (``--load-format dummy``: nothing to download or build) and no
@@ -143,6 +145,7 @@ def arm_environment(arm, site, plugin_target, anchor_copy):
         "release": [site],
         "hotfix": [site, plugin_target],
         "anchor": [str(anchor_copy), site],
+        "anchor2": [str(anchor_copy), site],  # a second anchor server: the A/A floor of the same code
         "disabled": [site, plugin_target],
     }[arm]
     extra = {"SGLANG_HOTFIX_TRTLLM_DISABLE": "1"} if arm == "disabled" else {}
@@ -361,6 +364,8 @@ PAIRS = (
     ("hotfix", "disabled"),
     ("disabled", "anchor"),
     ("disabled", "release"),
+    ("anchor2", "anchor"),
+    ("hotfix", "anchor2"),
 )
 
 
