@@ -180,13 +180,14 @@ def _owns(dist, source_path, module):
     return beside or (root is not None and os.path.realpath(source_path).startswith(root + os.sep))
 
 
-_remembered = None  # while remembering() is open: (name, source_path, module) -> Distribution
+_remembered = None  # while remembering() is open: a question's key -> its answer
 
 
 class remembering:
-    """While open, ``distribution`` answers each question once: the records of one imported
-    module ask about the same distribution (for their log lines and metrics samples), and each
-    answer reads metadata files. Closed, every call reads afresh (``status`` runs once anyway)."""
+    """While open, ``distribution`` (and any ``remembered`` question) answers each question once:
+    the records of one imported module ask about the same distribution (for their log lines and
+    metrics samples), and ``status`` asks for each record whether the entry point is installed;
+    each answer reads metadata files. Closed, every call reads afresh."""
 
     def __enter__(self):
         global _remembered
@@ -200,14 +201,18 @@ class remembering:
         _remembered = self._outer
 
 
+def remembered(key, answer):
+    """``answer()``, asked once per ``key`` while a ``remembering()`` context is open."""
+    if _remembered is None:
+        return answer()
+    if key not in _remembered:
+        _remembered[key] = answer()
+    return _remembered[key]
+
+
 def distribution(name, source_path=None, module=None):
     """``_distribution``, remembered while a ``remembering()`` context is open."""
-    if _remembered is None:
-        return _distribution(name, source_path, module)
-    key = (name, source_path, module)
-    if key not in _remembered:
-        _remembered[key] = _distribution(name, source_path, module)
-    return _remembered[key]
+    return remembered(("distribution", name, source_path, module), lambda: _distribution(name, source_path, module))
 
 
 def _distribution(name, source_path=None, module=None):

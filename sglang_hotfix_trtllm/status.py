@@ -165,6 +165,13 @@ def launcher_active(environ=None):
 
 
 def entry_point_installed():
+    """Whether SGLang's plugin loader would find this plugin's entry point (asked once per
+    ``source.remembering()``: every record of one ``status`` asks, and each answer reads the
+    metadata of every installed distribution)."""
+    return source.remembered("entry_point_installed", _entry_point_installed)
+
+
+def _entry_point_installed():
     try:
         from importlib.metadata import entry_points
 

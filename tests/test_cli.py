@@ -23,6 +23,25 @@ def test_status_reports_affected_and_protected():
     assert report["entry_point_installed"] is True
 
 
+def test_status_reads_the_plugin_entry_points_once_for_every_record():
+    # Each lookup reads every installed distribution's metadata; status asks for each record.
+    script = (
+        "import importlib.metadata as m, json, sys\n"
+        "asked = []\n"
+        "real = m.entry_points\n"
+        "m.entry_points = lambda **kw: asked.append(kw) or real(**kw)\n"
+        "from sglang_hotfix_trtllm import cli\n"
+        "try:\n"
+        "    cli.main(['status', '--json'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print(json.dumps(asked), file=sys.stderr)\n"
+    )
+    ran = run_python(["-c", script])
+    asked = json.loads(ran.stderr.strip().splitlines()[-1])
+    assert asked.count({"group": "sglang.srt.plugins"}) == 1, asked
+
+
 def test_status_exits_1_when_affected_but_disabled():
     ran = status_json(env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE="1"))
     assert ran.returncode == 1
