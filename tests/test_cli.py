@@ -237,7 +237,10 @@ def _plugin_copy(target_install, folder, version):
     """The --target copy with its version changed (an older copy left on PYTHONPATH)."""
     import shutil
 
-    shutil.copytree(target_install, folder, symlinks=True)
+    # Without the compiled files: the version is as long as the one it replaces, and written within
+    # the same second as the install, the edited __init__.py has the size and mtime its .pyc
+    # recorded, so Python would run the .pyc of the current version.
+    shutil.copytree(target_install, folder, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
     init = folder / "sglang_hotfix_trtllm" / "__init__.py"
     text = init.read_text()
     init.write_text(text.replace('__version__ = "%s"' % _version(), '__version__ = "%s"' % version))
