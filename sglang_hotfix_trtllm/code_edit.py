@@ -348,13 +348,35 @@ def _signature(code):
 
 
 # The last file parsed and compiled afresh, by (path, bytes): the records of one module are put in
-# force one after the other, each proving and compiling against the same file.
+# force one after the other, each proving and compiling against the same file. The tree is kept
+# only while a ``sharing_files()`` context is open: its thousands of nodes, all tracked by the
+# garbage collector, would otherwise stay in every process that imported the backend (6,591 objects
+# for 0.5.12's file). The module's code (17 objects) stays: apply() after remove() proves against it.
 _last_parse = [None, None]
 _last_compile = [None, None]
+_sharing = 0  # depth of sharing_files() contexts
+
+
+class sharing_files:
+    """Context in which ``parsed`` answers each file once; on leaving the outermost one, the tree
+    is let go. Outside any, each call parses afresh."""
+
+    def __enter__(self):
+        global _sharing
+        _sharing += 1
+        return self
+
+    def __exit__(self, *exc):
+        global _sharing
+        _sharing -= 1
+        if not _sharing:
+            _last_parse[:] = [None, None]
 
 
 def parsed(path, data):
     """The file's syntax tree, parsed once per content. Never changed: an edit works on copies."""
+    if not _sharing:
+        return ast.parse(data, filename=path)
     if _last_parse[0] != (path, data):
         _last_parse[:] = [(path, data), ast.parse(data, filename=path)]
     return _last_parse[1]

@@ -547,3 +547,30 @@ def test_a_reloaded_backend_and_a_mocked_method_are_told_as_they_run():
     assert r["after"]["old"] == [edit_records, edited] and r["after"]["new"] == [edit_records, edited]
     assert set(edit_records) <= set(r["after"]["state"])
     assert "pr28144" not in r["mocked"] and "pr31667" not in r["mocked"]  # forward_decode is the mock's
+
+
+SYNTAX_TREES_LEFT = """
+import ast, gc, json
+import sglang.srt.layers.attention.trtllm_mha_backend
+from sglang_hotfix_trtllm import code_edit
+
+gc.collect()
+trees = sum(isinstance(o, ast.AST) for o in gc.get_objects())
+print("RESULT:" + json.dumps({"trees": trees, "kept": code_edit._last_parse[1] is not None}))
+"""
+
+
+def test_a_patched_process_keeps_no_syntax_tree_of_sglangs_file():
+    # The records of one module share one parse of the backend's file; once they are in force it
+    # is let go (6,591 objects the garbage collector would scan in every SGLang process).
+    from conftest import clean_env, run_python
+
+    results, logs = {}, {}
+    for disabled in ("0", "1"):
+        ran = run_python(["-c", SYNTAX_TREES_LEFT], env=clean_env(SGLANG_HOTFIX_TRTLLM_DISABLE=disabled))
+        assert ran.returncode == 0, ran.stderr[-2000:]
+        (line,) = [line for line in ran.stdout.splitlines() if line.startswith("RESULT:")]
+        results[disabled], logs[disabled] = __import__("json").loads(line[len("RESULT:") :]), ran.stderr
+    assert "patched sglang.srt.layers.attention.trtllm_mha_backend.TRTLLMHAAttnBackend.forward_decode" in logs["0"]
+    assert results["0"]["kept"] is False
+    assert results["0"]["trees"] == results["1"]["trees"], results
