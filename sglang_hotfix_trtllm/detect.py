@@ -100,15 +100,17 @@ def live_definition(body, name, kind):
 def _walk_index(tree):
     """What the rebinding checks look for, from one walk of the module: the
     first line of each ``global`` name, of each attribute stored or deleted,
-    and of each string constant. The nodes are visited in ``ast.walk``'s order
-    (breadth first, children in field order), with the children read inline:
-    the generators of ``ast.walk`` were most of a classification's time."""
-    globals_, stores, strings = {}, {}, {}
+    and of each string constant; and every node, in the order visited. The nodes
+    are visited in ``ast.walk``'s order (breadth first, children in field order),
+    with the children read inline: the generators of ``ast.walk`` were most of a
+    classification's time."""
+    globals_, stores, strings, nodes = {}, {}, {}, []
     todo = collections.deque([tree])
-    pop, extend, AST = todo.popleft, todo.extend, ast.AST
+    pop, extend, keep, AST = todo.popleft, todo.extend, nodes.append, ast.AST
     Global, Attribute, Constant, writes = ast.Global, ast.Attribute, ast.Constant, (ast.Store, ast.Del)
     while todo:
         node = pop()
+        keep(node)
         for field in node._fields:
             value = getattr(node, field, None)
             if isinstance(value, AST):
@@ -123,7 +125,7 @@ def _walk_index(tree):
             stores.setdefault(node.attr, node.lineno)
         elif kind is Constant and isinstance(node.value, str):
             strings.setdefault(node.value, node.lineno)
-    return globals_, stores, strings
+    return globals_, stores, strings, nodes
 
 
 _walking = threading.local()  # .tree, .index: while one_walk(tree) is open in this thread
@@ -174,12 +176,18 @@ def _index(tree):
     return _walk_index(tree)
 
 
+def nodes(tree):
+    """Every node of ``tree`` in ``ast.walk``'s order, from the walk its checks share (``_index``):
+    a record's look over the whole module costs no walk of its own. Never to be changed."""
+    return _index(tree)[3]
+
+
 def live_class(tree, class_name):
     """(ClassDef, problem) of the class that module ``tree`` leaves bound to ``class_name``."""
     cls, problem = live_definition(tree.body, class_name, ast.ClassDef)
     if cls is None:
         return None, problem or "class %s not found in the module" % class_name
-    globals_, _, _ = _index(tree)
+    globals_, _, _, _ = _index(tree)
     if class_name in globals_:
         return None, "a function declares `global %s` (line %d): the class may be rebound at run time" % (
             class_name,
@@ -201,7 +209,7 @@ def live_method(tree, cls, method_name):
 
 def live_methods(tree, cls, method_names):
     """``live_method`` for several names."""
-    _, stores, strings = _index(tree)
+    _, stores, strings, _ = _index(tree)
     found = {}
     for name in method_names:
         if name in stores:
@@ -249,7 +257,7 @@ def attribute_routes_problem(tree, attributes, module_names=()):
     (the module's names the record's repair reads).
     """
     attributes = frozenset(attributes)
-    for node in ast.walk(tree):
+    for node in nodes(tree):
         if isinstance(node, ast.Constant) and node.value in attributes:
             return "line %d names %s as a string (an access by name)" % (node.lineno, node.value)
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _NAMED_WRITES:

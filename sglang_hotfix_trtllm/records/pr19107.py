@@ -96,7 +96,7 @@ def _mentions(tree, words):
         (isinstance(node, ast.Attribute) and node.attr in words)
         or (isinstance(node, ast.Name) and node.id in words)
         or (isinstance(node, ast.alias) and node.name.rpartition(".")[2] in words)
-        for node in ast.walk(tree)
+        for node in detect.nodes(tree)
     )
 
 

@@ -187,7 +187,9 @@ class _XqaAttributeOptional(ast.NodeTransformer):
 
 
 def _sets_xqa_impl(tree):
-    return any(_is_self_attribute(node, "is_xqa_impl") and isinstance(node.ctx, ast.Store) for node in ast.walk(tree))
+    return any(
+        _is_self_attribute(node, "is_xqa_impl") and isinstance(node.ctx, ast.Store) for node in detect.nodes(tree)
+    )
 
 
 def take_upstreams_scales(method, tree):

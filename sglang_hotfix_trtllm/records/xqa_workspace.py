@@ -340,7 +340,7 @@ def classify(tree):
     # Each tree walked once (``ast.walk`` of the module is most of this function's time, and it ran
     # at every start on the affected releases): the helpers filter these lists. The two methods'
     # walks only where the module speaks of fmha_v2 (0.5.12 and the other releases before it stop here).
-    walked = {tree: tuple(ast.walk(tree))}
+    walked = {tree: detect.nodes(tree)}
     if not _mentions_fmha_v2(walked[tree]):
         return verdict(
             Verdict.NOT_APPLICABLE, "this backend has no fmha_v2 prefill (added for SM90/SM120 in SGLang 0.5.19)"
