@@ -48,6 +48,7 @@ import threading
 import types
 import weakref
 
+from . import source
 from .logs import say
 from .record import Value
 
@@ -347,39 +348,19 @@ def _signature(code):
     return (code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_varnames[:count])
 
 
-# The last file parsed and compiled afresh, by (path, bytes): the records of one module are put in
-# force one after the other, each proving and compiling against the same file. The tree is kept
-# only while a ``sharing_files()`` context is open: its thousands of nodes, all tracked by the
-# garbage collector, would otherwise stay in every process that imported the backend (6,591 objects
-# for 0.5.12's file). The module's code (17 objects) stays: apply() after remove() proves against it.
-_last_parse = [None, None]
+# The last file compiled afresh, by (path, bytes): the records of one module are put in force one
+# after the other, each proving against the same file; the module's code (17 objects) stays, for
+# apply() after remove(). Its syntax tree is shared only while ``source.remembering()`` is open
+# (engine opens it for the records of one import): its thousands of nodes, all tracked by the
+# garbage collector, would otherwise stay in every process that imported the backend (6,591
+# objects for 0.5.12's file).
 _last_compile = [None, None]
-_sharing = 0  # depth of sharing_files() contexts
-
-
-class sharing_files:
-    """Context in which ``parsed`` answers each file once; on leaving the outermost one, the tree
-    is let go. Outside any, each call parses afresh."""
-
-    def __enter__(self):
-        global _sharing
-        _sharing += 1
-        return self
-
-    def __exit__(self, *exc):
-        global _sharing
-        _sharing -= 1
-        if not _sharing:
-            _last_parse[:] = [None, None]
 
 
 def parsed(path, data):
-    """The file's syntax tree, parsed once per content. Never changed: an edit works on copies."""
-    if not _sharing:
-        return ast.parse(data, filename=path)
-    if _last_parse[0] != (path, data):
-        _last_parse[:] = [(path, data), ast.parse(data, filename=path)]
-    return _last_parse[1]
+    """The file's syntax tree, parsed once per content while ``source.remembering()`` is open (else
+    afresh). Never changed: an edit works on copies."""
+    return source.remembered(("syntax tree", path, data), lambda: ast.parse(data, filename=path))
 
 
 def fresh_module_code(data, filename):

@@ -266,8 +266,8 @@ def handle(hotfix, module):
     path = assessment.source_path
     try:
         if hotfix.mechanism == "edit":
-            with code_edit.sharing_files():  # one parse for the record's methods (and, opened by
-                # on_module_imported, for every record of the module)
+            with source.remembering():  # one parse of the file for the record's methods (and,
+                # opened by on_module_imported, for every record of the module)
                 outcome = code_edit.put_record_in_force(hotfix, module, assessment)
         else:
             from . import patch
@@ -323,10 +323,8 @@ def on_module_imported(module, name=None):
     if not isinstance(module, types.ModuleType):
         return
     name = name or getattr(module, "__name__", None)
-    from . import code_edit
-
     # The records of one module read one file and one distribution's metadata: each once.
-    with detect.shared_parses(), code_edit.sharing_files(), source.remembering(), _publishing_state():
+    with detect.shared_parses(), source.remembering(), _publishing_state():
         for hotfix in catalog.for_module(name):
             try:
                 handle(hotfix, module)

@@ -186,8 +186,9 @@ _remembered = None  # while remembering() is open: a question's key -> its answe
 class remembering:
     """While open, ``distribution`` (and any ``remembered`` question) answers each question once:
     the records of one imported module ask about the same distribution (for their log lines and
-    metrics samples), and ``status`` asks for each record whether the entry point is installed;
-    each answer reads metadata files. Closed, every call reads afresh."""
+    metrics samples) and edit methods of the same file (``code_edit.parsed``), and ``status`` asks
+    for each record whether the entry point is installed. Closed (the outermost), what was
+    answered is let go, and every call reads afresh."""
 
     def __enter__(self):
         global _remembered

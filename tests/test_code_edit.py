@@ -552,11 +552,11 @@ def test_a_reloaded_backend_and_a_mocked_method_are_told_as_they_run():
 SYNTAX_TREES_LEFT = """
 import ast, gc, json
 import sglang.srt.layers.attention.trtllm_mha_backend
-from sglang_hotfix_trtllm import code_edit
+from sglang_hotfix_trtllm import source
 
 gc.collect()
 trees = sum(isinstance(o, ast.AST) for o in gc.get_objects())
-print("RESULT:" + json.dumps({"trees": trees, "kept": code_edit._last_parse[1] is not None}))
+print("RESULT:" + json.dumps({"trees": trees, "kept": source._remembered is not None}))
 """
 
 
