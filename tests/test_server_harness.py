@@ -90,6 +90,10 @@ def test_each_start_order_cuts_its_cpu_sets_from_all_the_hosts_cpus(monkeypatch)
     assert first["hotfix"] == second["anchor"] == set(range(5)) and first["anchor"] == second["hotfix"]
     assert first[None] == second[None] == set(range(10, 16))
     assert server_ab_worker.cpu_sets(("a", "b", "c"), [0, 1, 2, 3, 4, 5, 6]) is None  # under two CPUs a server
+    three = server_ab_worker.cpu_sets(("a", "b", "c"), list(range(16)), spare=(0,), share=5)
+    assert [sorted(three[arm]) for arm in "abc"] == [[1, 2, 3, 4, 5], [6, 7, 8, 9, 10], [11, 12, 13, 14, 15]]
+    assert three[None] == {0}  # the client keeps the spared CPU
+    assert server_ab_worker.cpu_sets(("a", "b", "c"), list(range(16)), spare=(0,), share=6) is None  # too many
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to swap between")

@@ -161,14 +161,14 @@ def host_cpus():
         return None
 
 
-def cpu_plan(orders, spare=()):
+def cpu_plan(orders, spare=(), share=None):
     """Each start order's CPU sets (``cpu_sets``), all cut before the first order narrows this
     process's own CPUs to its client set: read again later, the affinity would be that set."""
     cpus = host_cpus()
-    return {order: cpu_sets(order.split(","), cpus, spare) for order in orders}
+    return {order: cpu_sets(order.split(","), cpus, spare, share) for order in orders}
 
 
-def cpu_sets(arms, cpus, spare=()):
+def cpu_sets(arms, cpus, spare=(), share=None):
     """Disjoint CPU sets of ``cpus`` (``host_cpus``: every order's sets are cut from all of them,
     not from the client's set of the order before), one per arm in the order given (the servers'
     start order: each arm gets the first set in one order and another in the other, so a slower
@@ -176,11 +176,13 @@ def cpu_sets(arms, cpus, spare=()):
     load client): an idle SGLang scheduler polls on a core, and two servers left to the OS share
     cores with each other's busy threads. CPUs in ``spare`` (CPU 0 with ``--spare-cpu0``) go to no
     server: the servers' sets are cut, of the same size, from the others, and the client gets the
-    rest. None where this host cannot tell."""
+    rest. ``share`` sets each server's number of CPUs (``--server-cpus``: three servers at five
+    CPUs each, as two get by default, where eager decode is CPU-bound); by default the client gets
+    as many as a server. None where this host cannot tell, or where the sets would not fit."""
     if not cpus:
         return None
-    share = len(cpus) // (len(arms) + 1)
-    if share < 2:
+    share = share or len(cpus) // (len(arms) + 1)
+    if share < 2 or share * len(arms) > len([cpu for cpu in cpus if cpu not in set(spare)]):
         return None
     servers = [cpu for cpu in cpus if cpu not in set(spare)]
     sets = {arm: set(servers[i * share : (i + 1) * share]) for i, arm in enumerate(arms)}
@@ -401,6 +403,7 @@ def main():
     parser.add_argument("--max-total-tokens", type=int, default=65536, help="each server's KV cap")
     parser.add_argument("--mem-fraction-static", default="0.5")
     parser.add_argument("--spare-cpu0", action="store_true", help="keep CPU 0 out of every server's CPU set")
+    parser.add_argument("--server-cpus", type=int, help="each server's number of CPUs (default: a fair share)")
     parser.add_argument(
         "--swap-cpu-sets", action="store_true", help="turn the servers' CPU sets one place after each cycle"
     )
@@ -420,7 +423,7 @@ def main():
     arms = tuple(options.arms.split(","))
     orders = [order for order in options.orders if set(order.split(",")) == set(arms)] or [options.arms]
     permutations = list(itertools.permutations(arms))
-    plan = cpu_plan(orders, spare=(0,) if options.spare_cpu0 else ())
+    plan = cpu_plan(orders, spare=(0,) if options.spare_cpu0 else (), share=options.server_cpus)
     with concurrent.futures.ThreadPoolExecutor(BATCH) as pool:
         for index, order_text in enumerate(orders):
             order = order_text.split(",")
