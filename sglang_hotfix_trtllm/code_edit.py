@@ -38,6 +38,7 @@ graph (TorchDynamo) that inlined the method before the change keeps the old body
 """
 
 import ast
+import collections
 import copy
 import linecache
 import pickle
@@ -48,7 +49,7 @@ import threading
 import types
 import weakref
 
-from . import source
+from . import detect, source
 from .logs import say
 from .record import Value
 
@@ -206,10 +207,24 @@ def _future_flags(tree):
 # Helpers for the records' edits
 
 
+_HOLDS_STATEMENTS = (ast.stmt, ast.excepthandler, ast.match_case)
+
+
 def statement_lists(node):
     """Every statement list under ``node`` (bodies of the function, ifs, loops, withs, trys), as
-    lists a record's edit may change in place."""
-    for child in ast.walk(node):
+    lists a record's edit may change in place, in the order ``ast.walk`` meets their owners.
+    Only statements, handlers and match cases are visited: an expression holds no statement, and
+    walking every node was a sixth of an import's time (a test holds the order to ``ast.walk``'s)."""
+    todo = collections.deque([node])
+    pop, extend, holds = todo.popleft, todo.extend, _HOLDS_STATEMENTS
+    while todo:
+        child = pop()
+        for field in child._fields:
+            value = getattr(child, field, None)
+            if isinstance(value, list):
+                extend([item for item in value if isinstance(item, holds)])
+            elif isinstance(value, holds):
+                extend((value,))
         for field in ("body", "orelse", "finalbody"):
             statements = getattr(child, field, None)
             if isinstance(statements, list) and statements and isinstance(statements[0], ast.stmt):
@@ -358,8 +373,12 @@ _last_compile = [None, None]
 
 
 def parsed(path, data):
-    """The file's syntax tree, parsed once per content while ``source.remembering()`` is open (else
-    afresh). Never changed: an edit works on copies."""
+    """The file's syntax tree: the one its records were classified from while that is still open
+    (``detect.shared_tree``), else parsed once per content while ``source.remembering()`` is open
+    (else afresh). Never changed: an edit works on copies."""
+    tree = detect.shared_tree(path, data)
+    if tree is not None:
+        return tree
     return source.remembered(("syntax tree", path, data), lambda: ast.parse(data, filename=path))
 
 

@@ -551,16 +551,28 @@ def test_a_reloaded_backend_and_a_mocked_method_are_told_as_they_run():
 
 SYNTAX_TREES_LEFT = """
 import ast, gc, json
+from sglang_hotfix_trtllm import detect, source
+
+parses, walks = [], []
+parse, walk_index = ast.parse, detect._walk_index
+def counted_parse(source, filename="<unknown>", *args, **kwargs):
+    parses.append(str(filename).endswith("trtllm_mha_backend.py"))
+    return parse(source, filename, *args, **kwargs)
+def counted_walk(tree):
+    walks.append(type(tree).__name__)
+    return walk_index(tree)
+ast.parse, detect._walk_index = counted_parse, counted_walk
 import sglang.srt.layers.attention.trtllm_mha_backend
-from sglang_hotfix_trtllm import source
+ast.parse, detect._walk_index = parse, walk_index
 
 gc.collect()
 trees = sum(isinstance(o, ast.AST) for o in gc.get_objects())
-print("RESULT:" + json.dumps({"trees": trees, "kept": source._remembered is not None}))
+print("RESULT:" + json.dumps({
+    "trees": trees, "kept": source._remembered is not None, "file_parses": sum(parses), "walks": walks}))
 """
 
 
-def test_a_patched_process_keeps_no_syntax_tree_of_sglangs_file():
+def test_a_patched_process_parses_sglangs_file_once_and_keeps_no_syntax_tree_of_it():
     # The records of one module share one parse of the backend's file; once they are in force it
     # is let go (6,591 objects the garbage collector would scan in every SGLang process).
     from conftest import clean_env, run_python
@@ -574,3 +586,70 @@ def test_a_patched_process_keeps_no_syntax_tree_of_sglangs_file():
     assert "patched sglang.srt.layers.attention.trtllm_mha_backend.TRTLLMHAAttnBackend.forward_decode" in logs["0"]
     assert results["0"]["kept"] is False
     assert results["0"]["trees"] == results["1"]["trees"], results
+    # Classification and the edits share that one parse and one walk of it (detect.shared_tree):
+    # the edits parsed the file again and walked it four times more (0.16.2).
+    assert results["0"]["file_parses"] == 1 and results["0"]["walks"] == ["Module"], results["0"]
+
+
+ALL_STATEMENT_KINDS = textwrap.dedent(
+    """\
+    def method(self, x):
+        for a in x:
+            if a:
+                continue
+            else:
+                pass
+        else:
+            y = [lambda z: z for _ in x]
+        while x:
+            try:
+                x = x[1:]
+            except ValueError as error:
+                with open(x) as f, open(y) as g:
+                    del error
+            else:
+                break
+            finally:
+                x = 0
+            try:
+                pass
+            except* TypeError:
+                x = 1
+        match x:
+            case [1, *rest] if rest:
+                def inner():
+                    class Local:
+                        z = 1
+                    return Local
+            case _:
+                async def later():
+                    async with x:
+                        async for b in x:
+                            await b
+        return y
+    """
+)
+
+
+def _statement_lists_by_walking_every_node(node):
+    # The reference: every node of ast.walk, as statement_lists read them before it skipped
+    # expressions (the order records' edits meet statements in must not change).
+    for child in ast.walk(node):
+        for field in ("body", "orelse", "finalbody"):
+            statements = getattr(child, field, None)
+            if isinstance(statements, list) and statements and isinstance(statements[0], ast.stmt):
+                yield statements
+        for handler in getattr(child, "handlers", ()):
+            yield handler.body
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="except* is Python 3.11's")
+def test_statement_lists_meets_every_list_in_ast_walks_order(installed_backend_source):
+    trees = [ast.parse(ALL_STATEMENT_KINDS), ast.parse(installed_backend_source), ast.parse(TOY)]
+    functions = [n for tree in trees for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    assert len(functions) > 25
+    for function in functions:
+        got = [id(body) for body in code_edit.statement_lists(function)]
+        assert got == [id(body) for body in _statement_lists_by_walking_every_node(function)], function.name
+    (method,) = trees[0].body
+    assert len(list(code_edit.statement_lists(method))) == 22  # 20, a handler's body twice (its try's and its own)
