@@ -97,6 +97,24 @@ def live_definition(body, name, kind):
     return live, ""
 
 
+def walk(node):
+    """``list(ast.walk(node))``, the same nodes in the same order (breadth first, children in field
+    order), with the children read inline instead of through ``ast.walk``'s generators: about twice
+    as fast, for the records' looks over whole methods at import (a test holds it to ``ast.walk``)."""
+    nodes, todo = [], collections.deque([node])
+    pop, extend, keep, AST = todo.popleft, todo.extend, nodes.append, ast.AST
+    while todo:
+        current = pop()
+        keep(current)
+        for field in current._fields:
+            value = getattr(current, field, None)
+            if isinstance(value, AST):
+                extend((value,))
+            elif isinstance(value, list):
+                extend([item for item in value if isinstance(item, AST)])
+    return nodes
+
+
 def _walk_index(tree):
     """What the rebinding checks look for, from one walk of the module: the
     first line of each ``global`` name, of each attribute stored or deleted,

@@ -653,3 +653,16 @@ def test_statement_lists_meets_every_list_in_ast_walks_order(installed_backend_s
         assert got == [id(body) for body in _statement_lists_by_walking_every_node(function)], function.name
     (method,) = trees[0].body
     assert len(list(code_edit.statement_lists(method))) == 22  # 20, a handler's body twice (its try's and its own)
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="except* is Python 3.11's")
+def test_the_records_walks_meet_every_node_in_ast_walks_order(installed_backend_source):
+    # detect.walk (the records' looks over a method) and detect.nodes (one walk of the module,
+    # shared) stand for ast.walk: a record that takes the first match must meet the same first.
+    from sglang_hotfix_trtllm import detect
+
+    for tree in (ast.parse(ALL_STATEMENT_KINDS), ast.parse(installed_backend_source), ast.parse(TOY)):
+        assert [id(n) for n in detect.nodes(tree)] == [id(n) for n in ast.walk(tree)]
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.stmt, ast.expr)):
+                assert [id(n) for n in detect.walk(node)] == [id(n) for n in ast.walk(node)], ast.dump(node)[:200]

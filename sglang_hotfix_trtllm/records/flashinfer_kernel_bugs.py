@@ -29,12 +29,13 @@ def methods_reaching(cls, kernel=DECODE_KERNEL):
     methods = {f.name: f for f in cls.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
     calls = {}
     reaching = set()
+    last = kernel.rpartition(".")[2]  # the text of an attribute ends with its own name
     for name, function in methods.items():
         called = set()
-        for node in ast.walk(function):
+        for node in detect.walk(function):
             if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
                 continue
-            if ast.unparse(node.func) == kernel:
+            if node.func.attr == last and ast.unparse(node.func) == kernel:
                 reaching.add(name)
             elif isinstance(node.func.value, ast.Name) and node.func.value.id == "self":
                 called.add(node.func.attr)
@@ -52,7 +53,7 @@ def methods_reaching(cls, kernel=DECODE_KERNEL):
 def sets_attribute(function, attribute):
     """True where ``function`` assigns ``self.<attribute>`` anywhere in its body."""
     target = "self." + attribute
-    for node in ast.walk(function):
+    for node in detect.walk(function):
         targets = (
             node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
         )

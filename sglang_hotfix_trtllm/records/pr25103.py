@@ -139,7 +139,7 @@ def _touches(node):
     """(line, how) of every use of the two attributes under ``node``."""
     return [
         (sub.lineno, type(sub.ctx).__name__)
-        for sub in ast.walk(node)
+        for sub in detect.walk(node)
         if isinstance(sub, ast.Attribute) and sub.attr in ATTRIBUTES
     ]
 
