@@ -10,7 +10,7 @@ SGLang until it is needed):
 * ``assess()`` the verdict on the installed SGLang, without importing it.
 """
 
-__version__ = "0.16.2"
+__version__ = "0.16.3"
 
 
 def apply():
