@@ -15,25 +15,29 @@ FMHA_V2_DMA = os.path.join("data", "csrc", "fmha_v2", "fmha", "warpspec", "dma.h
 
 
 class Installed:
-    """``version`` (None where unread), ``folder`` (the package's, None where not installed);
-    ``pinned``: not an installed FlashInfer but the version a release pins (the release tables,
-    ``tools/scan_releases.py``), which has no folder."""
+    """``version`` (None where unread), ``folder`` (the package's, None where not installed or
+    unreadable); ``problem``: why a FlashInfer that is there cannot be read (a namespace package, no
+    source), None otherwise; ``pinned``: not an installed FlashInfer but the version a release pins
+    (the release tables, ``tools/scan_releases.py``), which has no folder."""
 
-    __slots__ = ("version", "folder", "pinned")
+    __slots__ = ("version", "folder", "pinned", "problem")
 
-    def __init__(self, version, folder, pinned=False):
-        self.version, self.folder, self.pinned = version, folder, pinned
+    def __init__(self, version, folder, pinned=False, problem=None):
+        self.version, self.folder, self.pinned, self.problem = version, folder, pinned, problem
 
     @property
     def present(self):
-        return self.pinned or self.folder is not None
+        return self.pinned or self.folder is not None or self.problem is not None
 
     def text(self):
+        version = self.version or "(version unknown)"
         if self.pinned:
             return "FlashInfer %s (the release's pin)" % self.version
+        if self.problem is not None:
+            return "FlashInfer %s (%s)" % (version, self.problem)
         if self.folder is None:
             return "FlashInfer: not installed"
-        return "FlashInfer %s at %s" % (self.version or "(version unknown)", self.folder)
+        return "FlashInfer %s at %s" % (version, self.folder)
 
 
 def installed():
@@ -42,12 +46,21 @@ def installed():
         if located.package_found or source.distribution(DISTRIBUTION).version:
             # there, but its __init__.py cannot be read (sourceless, a namespace package): present,
             # with the metadata's version if any (none: its verdicts cannot tell, never "not installed")
-            return Installed(source.distribution(DISTRIBUTION).version, located.reason or "(its folder cannot be read)")
+            return Installed(source.distribution(DISTRIBUTION).version, None, problem=_unreadable(located))
         return Installed(None, None)
     folder = os.path.dirname(located.path)
     # the package's file is its __init__.py: named as a module one level down, so that the folder
     # holding the package is found as for any module
     return Installed(source.distribution(DISTRIBUTION, located.path, PACKAGE + ".__init__").version, folder)
+
+
+def _unreadable(located):
+    """Why the FlashInfer that is there cannot be read, in words of FlashInfer's own."""
+    if located.reason == source.NAMESPACE_REASON % PACKAGE:
+        return "%s is a namespace package (a folder without __init__.py)" % PACKAGE
+    if located.package_found:
+        return located.reason or "its package cannot be read"
+    return "its metadata is installed, its package is not found"
 
 
 def beside(source_path, module):
@@ -122,11 +135,11 @@ def fmha_v2_leaves_its_tile_counter(found=None):
     neither the kernel source nor the version can tell. Reads the kernel source FlashInfer ships for
     its JIT build; the version string decides only where that file is absent."""
     found = found or installed()
-    if found.folder is None:
+    if not found.present:
         return None, "FlashInfer is not installed"
-    path = os.path.join(found.folder, FMHA_V2_DMA)
+    path, text = (os.path.join(found.folder, FMHA_V2_DMA) if found.folder else "its folder cannot be read"), None
     try:
-        text = source.read_text(path)
+        text = source.read_text(path) if found.folder else None
     except (OSError, UnicodeDecodeError, ValueError):
         text = None
     if text is not None:

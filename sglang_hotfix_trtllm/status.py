@@ -45,6 +45,7 @@ ENVIRONMENT_KEYS = (
     "sglang_installed",
     "flashinfer_version",
     "flashinfer_location",
+    "flashinfer_problem",
     "startup_file",
     "startup_file_active",
     "launcher_active",
@@ -302,6 +303,7 @@ def of_environment(hotfix, path=None):
 
     found = flashinfer_install.installed()
     report["flashinfer_version"], report["flashinfer_location"] = found.version, found.folder
+    report["flashinfer_problem"] = found.problem
     report["accepted"] = hotfix.name in current.accepted_records
     code = exit_status(assessment.verdict, decision.action, patched, report["accepted"])
     if not report["sglang_installed"]:
@@ -850,6 +852,9 @@ def environment_line(report):
     flashinfer = (
         "FlashInfer %s at %s" % (report.get("flashinfer_version") or "(version unknown)", report["flashinfer_location"])
         if report.get("flashinfer_location")
+        else "FlashInfer %s (%s)"
+        % (report.get("flashinfer_version") or "(version unknown)", report["flashinfer_problem"])
+        if report.get("flashinfer_problem")
         else "FlashInfer not installed"
     )
     line = "plugin %s at %s; SGLang %s (%s); %s; loaders: %s; switches set: %s" % (
@@ -966,7 +971,12 @@ def _flashinfer_of(document):
     from . import flashinfer_install
 
     found = flashinfer_install.installed()
-    return {"flashinfer_version": found.version, "flashinfer_location": found.folder, "flashinfer_source": "installed"}
+    return {
+        "flashinfer_version": found.version,
+        "flashinfer_location": found.folder,
+        "flashinfer_problem": found.problem,
+        "flashinfer_source": "installed",
+    }
 
 
 def flashinfer_text(facts):
@@ -975,6 +985,11 @@ def flashinfer_text(facts):
         return "FlashInfer %s at %s (imported by that process)" % (
             facts.get("flashinfer_version") or "(version unknown)",
             facts["flashinfer_location"],
+        )
+    if facts.get("flashinfer_problem") and not facts.get("flashinfer_location"):
+        return "FlashInfer %s here cannot be read (%s): that process recorded none it imported" % (
+            facts.get("flashinfer_version") or "(version unknown)",
+            facts["flashinfer_problem"],
         )
     if not facts.get("flashinfer_location"):
         return "FlashInfer: that process recorded none, and none is installed here"

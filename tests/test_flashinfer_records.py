@@ -20,7 +20,7 @@ from packaging.version import Version
 import flashinfer_cases
 import release_selection
 import scan_releases
-from conftest import clean_env, status_json
+from conftest import clean_env, run_cli, status_json
 from sglang_hotfix_trtllm import detect, flashinfer_install
 from sglang_hotfix_trtllm.record import Verdict
 from sglang_hotfix_trtllm.records import catalog, flashinfer4161, flashinfer4382
@@ -167,6 +167,27 @@ def _environment(tmp_path, release, flashinfer):
     for package in ("sglang", "sglang/srt", "sglang/srt/layers", "sglang/srt/layers/attention"):
         (environment / package / "__init__.py").touch()  # a regular package, found before the venv's 0.5.12
     return environment
+
+
+def test_a_flashinfer_that_cannot_be_read_is_named_with_why_and_no_folder(tmp_path):
+    """A FlashInfer whose package cannot be read (here a folder without ``__init__.py``, with 0.6.16's
+    metadata) is there: its verdicts come from its version, and ``status`` says why it cannot be
+    read, in ``flashinfer_problem``. ``flashinfer_location`` stays what reference.md says it is, a
+    folder or null (0.16.2 put the reason there)."""
+    environment = _environment(tmp_path, "0.5.12", "0.6.16")
+    (environment / "flashinfer" / "__init__.py").unlink()
+    ran = status_json(env=clean_env(PYTHONPATH=str(environment)))
+    report = ran.report
+    why = "flashinfer is a namespace package (a folder without __init__.py)"
+    assert (report["flashinfer_version"], report["flashinfer_location"]) == ("0.6.16", None), report
+    assert report["flashinfer_problem"] == why
+    got = {r["hotfix"]: r for r in report["hotfixes"]}
+    assert got["flashinfer4161"]["verdict"] == "unrepairable"
+    reason = got["flashinfer4161"]["reason"]
+    assert reason.startswith("FlashInfer 0.6.16 (%s) has the bug;" % why), reason
+    assert ran.returncode == 1
+    plain = run_cli("status", env=clean_env(PYTHONPATH=str(environment)))
+    assert "FlashInfer 0.6.16 (%s)" % why in plain.stdout, plain.stdout
 
 
 @pytest.mark.parametrize(
