@@ -137,9 +137,14 @@ def fmha_v2_leaves_its_tile_counter(found=None):
     found = found or installed()
     if not found.present:
         return None, "FlashInfer is not installed"
-    path, text = (os.path.join(found.folder, FMHA_V2_DMA) if found.folder else "its folder cannot be read"), None
+    if found.folder is None:  # there, but unreadable (``Installed.problem``): only its version can tell
+        release = _release(found.version)
+        if release is None:
+            return None, "%s: no fmha_v2 source read and no version to read" % found.text()
+        return release < (0, 7, 2), "%s, by its version (no fmha_v2 source read)" % found.text()
+    path = os.path.join(found.folder, FMHA_V2_DMA)
     try:
-        text = source.read_text(path) if found.folder else None
+        text = source.read_text(path)
     except (OSError, UnicodeDecodeError, ValueError):
         text = None
     if text is not None:

@@ -190,6 +190,25 @@ def test_a_flashinfer_that_cannot_be_read_is_named_with_why_and_no_folder(tmp_pa
     assert "FlashInfer 0.6.16 (%s)" % why in plain.stdout, plain.stdout
 
 
+def test_an_unreadable_flashinfers_tile_counter_is_told_by_its_version_alone():
+    from sglang_hotfix_trtllm.flashinfer_install import Installed, fmha_v2_leaves_its_tile_counter
+
+    def told(version):
+        return fmha_v2_leaves_its_tile_counter(Installed(version, None, problem="flashinfer is a namespace package"))
+
+    assert told("0.7.1") == (
+        True,
+        "FlashInfer 0.7.1 (flashinfer is a namespace package), by its version (no fmha_v2 source read)",
+    )
+    assert told("0.7.2")[0] is False
+    assert told(None) == (
+        None,
+        "FlashInfer (version unknown) (flashinfer is a namespace package): "
+        "no fmha_v2 source read and no version to read",
+    )
+    assert fmha_v2_leaves_its_tile_counter(Installed(None, None)) == (None, "FlashInfer is not installed")
+
+
 @pytest.mark.parametrize(
     "flashinfer, verdicts",
     [
