@@ -118,23 +118,12 @@ def walk(node):
 def _walk_index(tree):
     """What the rebinding checks look for, from one walk of the module: the
     first line of each ``global`` name, of each attribute stored or deleted,
-    and of each string constant; and every node, in the order visited. The nodes
-    are visited in ``ast.walk``'s order (breadth first, children in field order),
-    with the children read inline: the generators of ``ast.walk`` were most of a
-    classification's time."""
-    globals_, stores, strings, nodes = {}, {}, {}, []
-    todo = collections.deque([tree])
-    pop, extend, keep, AST = todo.popleft, todo.extend, nodes.append, ast.AST
+    and of each string constant; and every node, in ``ast.walk``'s order
+    (``walk``: the generators of ``ast.walk`` were most of a classification's
+    time)."""
+    globals_, stores, strings, nodes = {}, {}, {}, walk(tree)
     Global, Attribute, Constant, writes = ast.Global, ast.Attribute, ast.Constant, (ast.Store, ast.Del)
-    while todo:
-        node = pop()
-        keep(node)
-        for field in node._fields:
-            value = getattr(node, field, None)
-            if isinstance(value, AST):
-                extend((value,))
-            elif isinstance(value, list):
-                extend([item for item in value if isinstance(item, AST)])
+    for node in nodes:
         kind = type(node)
         if kind is Global:
             for name in node.names:

@@ -20,6 +20,7 @@ import traceback
 
 import pytest
 
+import fp8_cases
 from sglang_hotfix_trtllm import code_edit
 
 TOY = textwrap.dedent(
@@ -631,18 +632,6 @@ ALL_STATEMENT_KINDS = textwrap.dedent(
 )
 
 
-def _statement_lists_by_walking_every_node(node):
-    # The reference: every node of ast.walk, as statement_lists read them before it skipped
-    # expressions (the order records' edits meet statements in must not change).
-    for child in ast.walk(node):
-        for field in ("body", "orelse", "finalbody"):
-            statements = getattr(child, field, None)
-            if isinstance(statements, list) and statements and isinstance(statements[0], ast.stmt):
-                yield statements
-        for handler in getattr(child, "handlers", ()):
-            yield handler.body
-
-
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="except* is Python 3.11's")
 def test_statement_lists_meets_every_list_in_ast_walks_order(installed_backend_source):
     trees = [ast.parse(ALL_STATEMENT_KINDS), ast.parse(installed_backend_source), ast.parse(TOY)]
@@ -650,7 +639,9 @@ def test_statement_lists_meets_every_list_in_ast_walks_order(installed_backend_s
     assert len(functions) > 25
     for function in functions:
         got = [id(body) for body in code_edit.statement_lists(function)]
-        assert got == [id(body) for body in _statement_lists_by_walking_every_node(function)], function.name
+        # the reference: fp8_cases' oracle walker, every node of ast.walk, as statement_lists read
+        # them before it skipped expressions (the order records' edits meet statements in)
+        assert got == [id(body) for body in fp8_cases._bodies(function)], function.name
     (method,) = trees[0].body
     assert len(list(code_edit.statement_lists(method))) == 22  # 20, a handler's body twice (its try's and its own)
 
