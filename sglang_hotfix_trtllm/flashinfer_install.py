@@ -138,10 +138,7 @@ def fmha_v2_leaves_its_tile_counter(found=None):
     if not found.present:
         return None, "FlashInfer is not installed"
     if found.folder is None:  # there, but unreadable (``Installed.problem``): only its version can tell
-        release = _release(found.version)
-        if release is None:
-            return None, "%s: no fmha_v2 source read and no version to read" % found.text()
-        return release < (0, 7, 2), "%s, by its version (no fmha_v2 source read)" % found.text()
+        return _tile_counter_by_version(found, "no fmha_v2 source read")
     path = os.path.join(found.folder, FMHA_V2_DMA)
     try:
         text = source.read_text(path)
@@ -153,8 +150,13 @@ def fmha_v2_leaves_its_tile_counter(found=None):
         if re.search(r"atomicAdd\(\s*tile_id_counter_ptr", text):
             return True, "%s leaves its fmha_v2 tile counter in the workspace (%s)" % (found.text(), path)
         return None, "%s: neither counter update found in %s" % (found.text(), path)
+    return _tile_counter_by_version(found, "no %s" % path)
+
+
+def _tile_counter_by_version(found, unread):
+    """``fmha_v2_leaves_its_tile_counter`` where no kernel source was read (``unread`` says which):
+    0.7.2 wraps the counter back to 0."""
     release = _release(found.version)
     if release is None:
-        return None, "%s: no fmha_v2 source (%s) and no version to read" % (found.text(), path)
-    leaves = release < (0, 7, 2)
-    return leaves, "%s, by its version (no %s)" % (found.text(), path)
+        return None, "%s: %s and no version to read" % (found.text(), unread)
+    return release < (0, 7, 2), "%s, by its version (%s)" % (found.text(), unread)
